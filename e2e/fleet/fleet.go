@@ -1,0 +1,301 @@
+// Package fleet runs the local fleet: one hub and several spoke clusters, each
+// a real control plane on this machine, with a local kubelet per spoke whose
+// fake GPU nodes run model servers as real processes on loopback addresses.
+// Tests, `make demo` and the benchmarks all start it through Start.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fleetinfer/fleetinfer/deploy/crds"
+	"github.com/fleetinfer/fleetinfer/e2e/binaries"
+	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
+	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
+	"github.com/fleetinfer/fleetinfer/e2e/process"
+)
+
+// SpokeSpec describes one GPU cluster.
+type SpokeSpec struct {
+	Name  string
+	Nodes []kubelet.NodeSpec
+	// Labels go on the cluster's registration (OCM ManagedCluster), e.g. its
+	// region, for placement to select on.
+	Labels map[string]string
+	// SimulatorArgs are default llm-d-inference-sim flags for the model
+	// servers of this cluster: its latency model and capacity.
+	SimulatorArgs []string
+}
+
+// Options configures a fleet.
+type Options struct {
+	// Dir holds every cluster's state and logs; a temporary directory that
+	// Stop removes when empty.
+	Dir    string
+	Spokes []SpokeSpec
+	// Binaries defaults to binaries.Locate().
+	Binaries *binaries.Set
+	// ExtraHubCRDs and ExtraSpokeCRDs are installed besides the third-party
+	// CRDs (fleetinfer's own APIs).
+	ExtraHubCRDs, ExtraSpokeCRDs []*apiextensionsv1.CustomResourceDefinition
+	// AvailabilityGrace is how long a spoke's API server may be unreachable
+	// before its ManagedCluster turns Available=Unknown (OCM waits five lease
+	// periods, 5 min by default).
+	AvailabilityGrace time.Duration
+	// StatusInterval is how often a spoke's registration status is refreshed.
+	StatusInterval time.Duration
+	Log            logr.Logger
+}
+
+// Cluster is one member of the fleet.
+type Cluster struct {
+	*controlplane.ControlPlane
+	// Client is an admin client with the fleet's scheme.
+	Client    client.Client
+	Clientset kubernetes.Interface
+	// Kubelet runs the spoke's pods; nil on the hub.
+	Kubelet *kubelet.Kubelet
+	Spec    SpokeSpec
+}
+
+// Fleet is a running local fleet.
+type Fleet struct {
+	Hub    *Cluster
+	Spokes []*Cluster
+	// Registry records every process the fleet started.
+	Registry *process.Registry
+	// StartupTime is how long Start took.
+	StartupTime time.Duration
+
+	opts     Options
+	dir      string
+	ownDir   bool
+	cancel   context.CancelFunc
+	agents   sync.WaitGroup
+	stopOnce sync.Once
+}
+
+// Namespace holds the fleet's registration objects on the hub.
+const Namespace = "fleetinfer-system"
+
+// Start brings up the hub and spokes in parallel, installs CRDs, starts the
+// kubelets and registers every spoke with the hub. On error everything
+// already started is stopped.
+func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
+	began := time.Now()
+	if opts.Binaries == nil {
+		b, err := binaries.Locate()
+		if err != nil {
+			return nil, err
+		}
+		opts.Binaries = &b
+	}
+	if opts.AvailabilityGrace <= 0 {
+		opts.AvailabilityGrace = 15 * time.Second
+	}
+	if opts.StatusInterval <= 0 {
+		opts.StatusInterval = 2 * time.Second
+	}
+	if err := validate(opts.Spokes); err != nil {
+		return nil, err
+	}
+	f = &Fleet{Registry: &process.Registry{}, opts: opts, dir: opts.Dir}
+	if f.dir == "" {
+		if f.dir, err = os.MkdirTemp("", "fleetinfer-fleet-"); err != nil {
+			return nil, err
+		}
+		f.ownDir = true
+	}
+	defer func() {
+		if err != nil {
+			f.Stop()
+		}
+	}()
+	agentCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f.cancel = cancel
+
+	hubCRDs, err := crds.ThirdParty(crds.GroupOCMCluster, crds.GroupOCMWork, crds.GroupOCMAddon,
+		crds.GroupClusterInv, crds.GroupGIE, crds.GroupGIEExperiment)
+	if err != nil {
+		return nil, err
+	}
+	spokeCRDs, err := crds.ThirdParty(crds.GroupGIE, crds.GroupGIEExperiment, crds.GroupLWS, crds.GroupGateway)
+	if err != nil {
+		return nil, err
+	}
+
+	// Control planes first, all at once; each cluster then installs its CRDs.
+	f.Spokes = make([]*Cluster, len(opts.Spokes))
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		c, err := f.startCluster(gctx, "hub", false, append(hubCRDs, opts.ExtraHubCRDs...))
+		f.Hub = c
+		return err
+	})
+	for i, s := range opts.Spokes {
+		g.Go(func() error {
+			c, err := f.startCluster(gctx, s.Name, true, append(spokeCRDs, opts.ExtraSpokeCRDs...))
+			if c != nil {
+				c.Spec = s
+			}
+			f.Spokes[i] = c
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return f, err
+	}
+
+	g, gctx = errgroup.WithContext(ctx)
+	for i, s := range f.Spokes {
+		g.Go(func() error { return f.startKubelet(gctx, s, i) })
+	}
+	if err := g.Wait(); err != nil {
+		return f, err
+	}
+	if err := f.registerSpokes(ctx, agentCtx); err != nil {
+		return f, err
+	}
+	f.StartupTime = time.Since(began)
+	return f, nil
+}
+
+func validate(spokes []SpokeSpec) error {
+	seen := map[string]bool{"hub": true}
+	for _, s := range spokes {
+		if s.Name == "" || seen[s.Name] {
+			return fmt.Errorf("spoke name %q is empty or not unique (\"hub\" is taken)", s.Name)
+		}
+		seen[s.Name] = true
+		if len(s.Nodes) == 0 {
+			return fmt.Errorf("spoke %s has no nodes", s.Name)
+		}
+	}
+	if len(spokes) > 100 {
+		return errors.New("at most 100 spokes: each gets a 127.x.0.0/16 range from 127.11")
+	}
+	return nil
+}
+
+func (f *Fleet) startCluster(ctx context.Context, name string, spoke bool, crdList []*apiextensionsv1.CustomResourceDefinition) (*Cluster, error) {
+	b := f.opts.Binaries
+	cp, err := controlplane.New(controlplane.Options{
+		Name: name, Dir: filepath.Join(f.dir, name), Registry: f.Registry,
+		ControllerManager: true, Scheduler: spoke,
+		Binaries: controlplane.Binaries{Etcd: b.Etcd, KubeAPIServer: b.KubeAPIServer,
+			KubeControllerManager: b.KubeControllerManager, KubeScheduler: b.KubeScheduler},
+	})
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{ControlPlane: cp}
+	if err := cp.Start(ctx); err != nil {
+		return c, err
+	}
+	if c.Client, err = client.New(cp.Admin(), client.Options{Scheme: Scheme}); err != nil {
+		return c, err
+	}
+	if c.Clientset, err = kubernetes.NewForConfig(cp.Admin()); err != nil {
+		return c, err
+	}
+	if err := crds.Install(ctx, cp.Admin(), crdList); err != nil {
+		return c, fmt.Errorf("%s: %w", name, err)
+	}
+	f.opts.Log.Info("cluster up", "cluster", name, "url", cp.URL())
+	return c, nil
+}
+
+func (f *Fleet) startKubelet(ctx context.Context, c *Cluster, index int) error {
+	b := f.opts.Binaries
+	k, err := kubelet.New(kubelet.Options{
+		Cluster:  c.Name(),
+		Config:   c.Admin(),
+		Nodes:    c.Spec.Nodes,
+		Network:  SpokeNetwork(index),
+		Registry: f.Registry,
+		Dir:      filepath.Join(c.Dir(), "kubelet"),
+		Version:  "v1.36.3-localfleet",
+		Log:      f.opts.Log.WithName("kubelet"),
+		Runtimes: kubelet.Runtimes{
+			kubelet.SimulatorRuntime{Binary: b.Simulator, Repos: kubelet.DefaultModelServerImages, DefaultArgs: c.Spec.SimulatorArgs},
+			kubelet.BinaryRuntime{Description: "fleetinfer EPP images as bin/epp", Repos: []string{"fleetinfer/epp"}, Binary: b.EPP,
+				PortFlags: map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090}},
+			kubelet.CompletedRuntime{Description: "KServe storage-initializer (no model weights to fetch)", Repos: []string{"kserve/storage-initializer"}},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := k.Start(ctx); err != nil {
+		return err
+	}
+	c.Kubelet = k
+	return nil
+}
+
+// SpokeNetwork is the loopback range of the index-th spoke's pods and nodes.
+func SpokeNetwork(index int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{127, byte(11 + index), 0, 0}), 16)
+}
+
+// Spoke returns the spoke of that name, or nil.
+func (f *Fleet) Spoke(name string) *Cluster {
+	for _, s := range f.Spokes {
+		if s != nil && s.Name() == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// Dir is the fleet's state directory.
+func (f *Fleet) Dir() string { return f.dir }
+
+// Stop stops the kubelets (and so every pod process), then the control
+// planes, then anything else still running, and removes a temporary
+// directory. It is safe to call more than once.
+func (f *Fleet) Stop() {
+	f.stopOnce.Do(func() {
+		if f.cancel != nil {
+			f.cancel()
+		}
+		f.agents.Wait()
+		var wg sync.WaitGroup
+		for _, s := range f.Spokes {
+			if s != nil && s.Kubelet != nil {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s.Kubelet.Stop()
+				}()
+			}
+		}
+		wg.Wait()
+		for _, c := range append([]*Cluster{f.Hub}, f.Spokes...) {
+			if c != nil && c.ControlPlane != nil {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c.Stop()
+				}()
+			}
+		}
+		wg.Wait()
+		f.Registry.StopAll(controlplane.StopGrace)
+		if f.ownDir {
+			_ = os.RemoveAll(f.dir)
+		}
+	})
+}

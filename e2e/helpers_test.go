@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+)
+
+// namespace creates a namespace named after the test on cluster c.
+func namespace(t *testing.T, c *fleet.Cluster) string {
+	t.Helper()
+	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	name = strings.Trim(name, "-") + fmt.Sprintf("-%d", time.Now().UnixNano()%100000)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := c.Client.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// eventually retries check until it returns nil or timeout passes, then
+// fails the test with the last error.
+func eventually(t *testing.T, timeout time.Duration, what string, check func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last error
+	for {
+		if last = check(ctx); last == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not true after %s: %v", what, timeout, last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// podsOf lists the pods of namespace ns matching labels.
+func podsOf(ctx context.Context, c *fleet.Cluster, ns string, labels map[string]string) ([]corev1.Pod, error) {
+	var pods corev1.PodList
+	err := c.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(labels))
+	return pods.Items, err
+}
+
+// readyPod waits for exactly one Ready pod with the labels and returns it.
+func readyPod(t *testing.T, c *fleet.Cluster, ns string, labels map[string]string) corev1.Pod {
+	t.Helper()
+	var pod corev1.Pod
+	eventually(t, 60*time.Second, "pod ready", func(ctx context.Context) error {
+		pods, err := podsOf(ctx, c, ns, labels)
+		if err != nil {
+			return err
+		}
+		if len(pods) != 1 {
+			return fmt.Errorf("%d pods", len(pods))
+		}
+		pod = pods[0]
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("pod %s phase %s, containers %+v", pod.Name, pod.Status.Phase, pod.Status.ContainerStatuses)
+	})
+	return pod
+}
+
+func intstrFromString(s string) intstr.IntOrString { return intstr.FromString(s) }

@@ -1,0 +1,93 @@
+package kubelet
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+)
+
+// addresses hands out loopback addresses from one range: nodes from the top
+// down, pods from the bottom up. Pod addresses are not reused until the range
+// wraps, so a connection meant for a deleted pod cannot reach its successor.
+type addresses struct {
+	mu          sync.Mutex
+	first, last uint32 // inclusive range
+	nextPod     uint32
+	lowestNode  uint32 // pods stay below the lowest node address
+	inUse       map[uint32]bool
+}
+
+func newAddresses(p netip.Prefix) *addresses {
+	b := p.Masked().Addr().As4()
+	first := binary.BigEndian.Uint32(b[:])
+	last := first | (1<<(32-p.Bits()) - 1)
+	return &addresses{first: first, last: last, nextPod: first, lowestNode: last + 1, inUse: map[uint32]bool{}}
+}
+
+func toIP(n uint32) string {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], n)
+	return netip.AddrFrom4(b).String()
+}
+
+// usable excludes x.y.z.0 and x.y.z.255, which read as network and broadcast
+// addresses though loopback has neither.
+func usable(n uint32) bool { return n&0xff != 0 && n&0xff != 0xff }
+
+func (a *addresses) pod() (string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for range a.lowestNode - a.first {
+		cand := a.nextPod
+		a.nextPod++
+		if a.nextPod >= a.lowestNode {
+			a.nextPod = a.first
+		}
+		if usable(cand) && !a.inUse[cand] {
+			a.inUse[cand] = true
+			return toIP(cand), nil
+		}
+	}
+	return "", fmt.Errorf("no free pod address in %s-%s", toIP(a.first), toIP(a.last))
+}
+
+func (a *addresses) node() (string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for a.lowestNode > a.first+1 {
+		a.lowestNode--
+		if usable(a.lowestNode) {
+			a.inUse[a.lowestNode] = true
+			return toIP(a.lowestNode), nil
+		}
+	}
+	return "", fmt.Errorf("no free node address in %s-%s", toIP(a.first), toIP(a.last))
+}
+
+func (a *addresses) release(ip string) {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil || !addr.Is4() {
+		return
+	}
+	b := addr.As4()
+	a.mu.Lock()
+	delete(a.inUse, binary.BigEndian.Uint32(b[:]))
+	a.mu.Unlock()
+}
+
+// freePort reserves a free local port for a process to listen on.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	_, port, err := net.SplitHostPort(l.Addr().String())
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(port)
+}

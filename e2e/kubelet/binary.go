@@ -1,0 +1,77 @@
+package kubelet
+
+import (
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+)
+
+// BinaryRuntime runs an image as a binary built from this repository (or
+// compatible with one), with the container's args. Listening ports are given
+// as flags; each is rewritten to a free local port and forwarded from the pod
+// address, since these binaries bind every interface.
+type BinaryRuntime struct {
+	Description string
+	Repos       []string
+	Binary      string
+	// PortFlags maps a port flag to the port it defaults to when absent.
+	PortFlags map[string]int32
+}
+
+func (r BinaryRuntime) Name() string { return r.Description }
+
+func (r BinaryRuntime) Matches(image string) bool { return matchesAny(image, r.Repos) }
+
+// Prepare takes the container's args; a command naming the image's own binary
+// contributes its arguments, any other command is refused because there is no
+// image filesystem to run it from.
+func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
+	args := c.Args
+	if len(c.Command) > 0 {
+		if path.Base(c.Command[0]) != path.Base(r.Binary) {
+			return nil, fmt.Errorf("command %q is not available: the local kubelet runs this image only as %s", c.Command[0], path.Base(r.Binary))
+		}
+		args = append(append([]string{}, c.Command[1:]...), c.Args...)
+	}
+	ports := map[int32]int{}
+	seen := map[string]bool{}
+	var out []string
+	for i := 0; i < len(args); i++ {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if _, isPort := r.PortFlags[name]; !isPort || !strings.HasPrefix(args[i], "-") {
+			out = append(out, args[i])
+			continue
+		}
+		if !hasValue {
+			if i+1 >= len(args) {
+				return nil, fmt.Errorf("flag --%s needs a value", name)
+			}
+			i++
+			value = args[i]
+		}
+		p, err := strconv.ParseInt(value, 10, 32)
+		if err != nil || p <= 0 || p > 65535 {
+			return nil, fmt.Errorf("invalid port %q for --%s", value, name)
+		}
+		local, err := c.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[int32(p)] = local
+		seen[name] = true
+		out = append(out, "--"+name+"="+strconv.Itoa(local))
+	}
+	for name, def := range r.PortFlags {
+		if seen[name] {
+			continue
+		}
+		local, err := c.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[def] = local
+		out = append(out, "--"+name+"="+strconv.Itoa(local))
+	}
+	return &Launch{Path: r.Binary, Args: out, Env: c.Env, Ports: ports}, nil
+}

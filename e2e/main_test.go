@@ -1,0 +1,51 @@
+// Package e2e holds the end-to-end tests of fleetinfer on the local fleet.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+)
+
+// fl is the fleet every test of the package shares: one hub and three spokes
+// take several seconds to start, so tests isolate themselves by namespace.
+var fl *fleet.Fleet
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var log logr.Logger
+	if os.Getenv("FLEET_LOG") != "" {
+		log = funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: 1})
+	}
+	var err error
+	fl, err = fleet.Start(ctx, fleet.Options{Spokes: fleet.DefaultSpokes(), Log: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "local fleet did not start:", err)
+		if fl != nil {
+			fl.Stop()
+		}
+		return 1
+	}
+	fmt.Printf("local fleet start-up (hub + %d spokes): %.1fs\n", len(fl.Spokes), fl.StartupTime.Seconds())
+	code := m.Run()
+	fl.Stop()
+	if alive := fl.Registry.Alive(); len(alive) > 0 {
+		fmt.Fprintf(os.Stderr, "processes left running after the fleet stopped: %v\n", alive)
+		return 1
+	}
+	fmt.Printf("all %d processes the fleet started have exited\n", len(fl.Registry.Started()))
+	return code
+}
