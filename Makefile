@@ -68,10 +68,14 @@ vet: ## go vet and gofmt.
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bin/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-manifests: ## Copy third-party CRDs from the pinned modules.
+manifests: $(CONTROLLER_GEN) ## Generate fleetinfer's CRDs; copy third-party CRDs from the pinned modules.
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=$$tmp && \
+	rm -f apis/crds/*.yaml && go run ./hack/crdgen $$tmp apis/crds
 	hack/sync-crds.sh
 
-generate: ## Generate code.
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
+	$(CONTROLLER_GEN) object paths=./apis/...
 
 verify-generated: ## Fail when `make manifests generate` would change a file.
 	hack/verify-generated.sh

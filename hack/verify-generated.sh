@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Fails when regenerating (make manifests generate) changes any file, i.e.
-# when a generated file was edited by hand or not regenerated after a change.
-# It compares content hashes before and after, so it works on an uncommitted
-# working tree too.
+# Fails when regenerating (make manifests generate) changes a generated file,
+# i.e. when one was edited by hand or not regenerated after a change. It
+# compares content hashes before and after, so it also works on a working
+# tree with uncommitted changes. Add each generator's outputs to GENERATED.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+GENERATED=(
+  apis/crds
+  deploy/crds/thirdparty
+)
 snapshot() {
-  find . -path ./bin -prune -o -path ./.git -prune -o -type f -print0 | sort -z | xargs -0 sha256sum
+  { find "${GENERATED[@]}" -type f 2>/dev/null; find apis -name 'zz_generated.*.go'; } |
+    sort | xargs -r sha256sum
 }
 before=$(mktemp); after=$(mktemp)
 trap 'rm -f "$before" "$after"' EXIT

@@ -1,0 +1,176 @@
+package v1alpha2
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
+)
+
+// LLMInferenceServiceStatus is the observed state of a service.
+type LLMInferenceServiceStatus struct {
+	// URL is the service's primary address: an external one when there is
+	// one, otherwise the first address found.
+	// +optional
+	URL *string `json:"url,omitempty"`
+
+	Status `json:",inline"`
+
+	// Address is kept for schema compatibility and never set; see Addresses.
+	// +optional
+	Address *Addressable `json:"address,omitempty"`
+
+	// Addresses where the service is reachable, with the resource that
+	// produced each.
+	// +optional
+	// +listType=atomic
+	Addresses []SourcedAddress `json:"addresses,omitempty"`
+
+	// Router is the routing topology observed at the last reconcile.
+	// +optional
+	Router *RouterStatus `json:"router,omitempty"`
+
+	// Workloads are the workload objects observed at the last reconcile.
+	// +optional
+	Workloads *WorkloadStatus `json:"workloads,omitempty"`
+
+	// AppliedConfigRefs are the configs merged into the spec, in precedence
+	// order: presets first, then baseRefs; the service's own spec wins over
+	// all of them.
+	// +optional
+	// +listType=atomic
+	AppliedConfigRefs []AppliedConfigRef `json:"appliedConfigs,omitempty"`
+}
+
+// Status is the condition block shared by services and configs, in the
+// Knative duck-type wire format KServe uses.
+type Status struct {
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions of the resource.
+	// +optional
+	Conditions Conditions `json:"conditions,omitempty"`
+
+	// Annotations carry controller state, such as the preset names a
+	// service was first reconciled with.
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// Addressable is an address in the Knative duck-type format.
+type Addressable struct {
+	// +optional
+	Name *string `json:"name,omitempty"`
+	// +optional
+	URL *string `json:"url,omitempty"`
+	// +optional
+	CACerts *string `json:"CACerts,omitempty"`
+	// +optional
+	Audience *string `json:"audience,omitempty"`
+}
+
+// SourcedAddress is an address with the resource that produced it.
+type SourcedAddress struct {
+	Addressable `json:",inline"`
+
+	// Origin is the Gateway (or other resource) behind the address.
+	// +optional
+	Origin *gwapiv1.ObjectReference `json:"origin,omitempty"`
+
+	// +optional
+	Models []ModelSourcedAddressStatus `json:"models,omitempty"`
+}
+
+// ModelSourcedAddressStatus names a model served at an address.
+type ModelSourcedAddressStatus struct {
+	Name string `json:"name"`
+}
+
+// RouterStatus is the observed routing topology.
+type RouterStatus struct {
+	// +optional
+	// +listType=atomic
+	Gateways []ObservedGateway `json:"gateways,omitempty"`
+	// +optional
+	Scheduler *ObservedSchedulerStatus `json:"scheduler,omitempty"`
+	// +optional
+	Group *GroupStatus `json:"group,omitempty"`
+}
+
+// ObservedGateway is a Gateway with the listeners and routes bound through it.
+type ObservedGateway struct {
+	gwapiv1.ObjectReference `json:",inline"`
+	// +optional
+	// +listType=atomic
+	Listeners []gwapiv1.SectionName `json:"listeners,omitempty"`
+	// +optional
+	// +listType=atomic
+	HTTPRoutes []gwapiv1.ObjectReference `json:"httpRoutes,omitempty"`
+}
+
+// ObservedSchedulerStatus is the pool and EPP Service in use.
+type ObservedSchedulerStatus struct {
+	// +optional
+	InferencePool *gwapiv1.ObjectReference `json:"inferencePool,omitempty"`
+	// +optional
+	Service *gwapiv1.ObjectReference `json:"service,omitempty"`
+}
+
+// GroupStatus is the observed routing group.
+type GroupStatus struct {
+	Name string `json:"name"`
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Members []GroupMemberStatus `json:"members,omitempty"`
+}
+
+// GroupMemberStatus is one member of a routing group.
+type GroupMemberStatus struct {
+	Name   string `json:"name"`
+	Weight int32  `json:"weight"`
+	// +optional
+	Stopped bool `json:"stopped,omitempty"`
+	// +optional
+	BackendRef *gwapiv1.BackendObjectReference `json:"backendRef,omitempty"`
+}
+
+// ObservedWorkloadStatus is a workload object and its ready replicas.
+type ObservedWorkloadStatus struct {
+	corev1.TypedLocalObjectReference `json:",inline"`
+	// +optional
+	ReadyReplicas *int32 `json:"readyReplicas,omitempty"`
+}
+
+// WorkloadStatus lists the workload objects of a service.
+type WorkloadStatus struct {
+	// Primary is the main (decode) Deployment or LeaderWorkerSet.
+	// +optional
+	Primary *ObservedWorkloadStatus `json:"primary,omitempty"`
+	// +optional
+	Prefill *ObservedWorkloadStatus `json:"prefill,omitempty"`
+	// +optional
+	Service *corev1.TypedLocalObjectReference `json:"service,omitempty"`
+	// Scheduler is the EPP Deployment.
+	// +optional
+	Scheduler *ObservedWorkloadStatus `json:"scheduler,omitempty"`
+}
+
+// AppliedConfigSource says why a config was merged.
+// +kubebuilder:validation:Enum=Preset;UserRef
+type AppliedConfigSource string
+
+const (
+	// AppliedConfigSourcePreset is a well-known preset chosen from the
+	// service's shape.
+	AppliedConfigSourcePreset AppliedConfigSource = "Preset"
+	// AppliedConfigSourceUserRef is a config named in spec.baseRefs.
+	AppliedConfigSourceUserRef AppliedConfigSource = "UserRef"
+)
+
+// AppliedConfigRef is one merged config.
+type AppliedConfigRef struct {
+	Name      gwapiv1.ObjectName  `json:"name"`
+	Namespace gwapiv1.Namespace   `json:"namespace"`
+	Source    AppliedConfigSource `json:"source"`
+}

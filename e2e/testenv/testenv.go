@@ -1,0 +1,100 @@
+// Package testenv starts one real control plane for a package's integration
+// tests, the way envtest does but with the local fleet's binaries, process
+// supervision and leak check: a TestMain calls Run, tests use the returned
+// Env.
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fleetinfer/fleetinfer/deploy/crds"
+	"github.com/fleetinfer/fleetinfer/e2e/binaries"
+	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
+	"github.com/fleetinfer/fleetinfer/e2e/process"
+)
+
+// Options configures the control plane.
+type Options struct {
+	// CRDs to install before the tests run.
+	CRDs []*apiextensionsv1.CustomResourceDefinition
+	// ControllerManager also runs kube-controller-manager (garbage
+	// collection, Deployments to pods, namespaces); envtest has none.
+	ControllerManager bool
+	Scheme            *runtime.Scheme
+}
+
+// Env is a running control plane.
+type Env struct {
+	*controlplane.ControlPlane
+	Config *rest.Config
+	Client client.Client
+}
+
+// Run starts a control plane, runs the tests and stops it, failing if any
+// process it started is left running. Use it from TestMain:
+//
+//	func TestMain(m *testing.M) { os.Exit(testenv.Run(m, opts, &env)) }
+func Run(m *testing.M, opts Options, env **Env) int {
+	reg := &process.Registry{}
+	e, err := start(opts, reg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testenv:", err)
+		reg.StopAll(controlplane.StopGrace)
+		return 1
+	}
+	*env = e
+	code := m.Run()
+	e.Stop()
+	reg.StopAll(controlplane.StopGrace)
+	_ = os.RemoveAll(e.Dir())
+	if alive := reg.Alive(); len(alive) > 0 {
+		fmt.Fprintf(os.Stderr, "testenv: processes left running: %v\n", alive)
+		return 1
+	}
+	return code
+}
+
+func start(opts Options, reg *process.Registry) (*Env, error) {
+	bins, err := binaries.Locate()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "fleetinfer-testenv-")
+	if err != nil {
+		return nil, err
+	}
+	cp, err := controlplane.New(controlplane.Options{
+		Name: "testenv", Dir: dir, Registry: reg, ControllerManager: opts.ControllerManager,
+		Binaries: controlplane.Binaries{Etcd: bins.Etcd, KubeAPIServer: bins.KubeAPIServer,
+			KubeControllerManager: bins.KubeControllerManager},
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	if err := cp.Start(ctx); err != nil {
+		return nil, err
+	}
+	if err := crds.Install(ctx, cp.Admin(), opts.CRDs); err != nil {
+		cp.Stop()
+		return nil, err
+	}
+	scheme := opts.Scheme
+	if scheme == nil {
+		scheme = runtime.NewScheme()
+	}
+	c, err := client.New(cp.Admin(), client.Options{Scheme: scheme})
+	if err != nil {
+		cp.Stop()
+		return nil, err
+	}
+	return &Env{ControlPlane: cp, Config: cp.Admin(), Client: c}, nil
+}
