@@ -1,0 +1,154 @@
+// Package crosscluster holds fleetinfer's scheduling plugins for a federated
+// candidate set, where remote endpoints (from peer EPPs) sit next to local
+// ones. Both plugins are configured in the EndpointPickerConfig like GIE's:
+//
+//	plugins:
+//	- type: cross-cluster-filter
+//	  parameters: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8}
+//	- type: cross-cluster-scorer
+//	  parameters: {networkCost: 0.5, clusterCosts: {west: 0.3}}
+//	schedulingProfiles:
+//	- name: default
+//	  plugins:
+//	  - pluginRef: cross-cluster-filter
+//	  - {pluginRef: cross-cluster-scorer, weight: 1}
+//	  - ...GIE's scorers...
+package crosscluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+
+	"github.com/fleetinfer/fleetinfer/epp/federation"
+)
+
+// FilterType is the cross-cluster filter's plugin type.
+const FilterType = "cross-cluster-filter"
+
+// FilterParams are the filter's parameters. An endpoint has headroom while
+// its metrics are fresh, its queue is below QueueDepthThreshold and its KV
+// cache below KVCacheUtilThreshold: the same test as GIE's
+// utilization-detector, whose defaults these are.
+type FilterParams struct {
+	QueueDepthThreshold  int     `json:"queueDepthThreshold"`
+	KVCacheUtilThreshold float64 `json:"kvCacheUtilThreshold"`
+	// MetricsStalenessThreshold applies to local endpoints.
+	MetricsStalenessThreshold Duration `json:"metricsStalenessThreshold"`
+	// RemoteMetricsStalenessThreshold applies to remote endpoints, whose
+	// data also crossed the federation (remote endpoints older than the
+	// federation's staleness bound are never candidates at all).
+	RemoteMetricsStalenessThreshold Duration `json:"remoteMetricsStalenessThreshold"`
+}
+
+// DefaultFilterParams are used for parameters left out.
+var DefaultFilterParams = FilterParams{
+	QueueDepthThreshold:             5,
+	KVCacheUtilThreshold:            0.8,
+	MetricsStalenessThreshold:       Duration(200 * time.Millisecond),
+	RemoteMetricsStalenessThreshold: Duration(time.Second),
+}
+
+// Filter keeps requests in the local cluster while any local endpoint has
+// headroom. When none has, it adds the remote endpoints that have headroom
+// (local ones stay in, so scorers and the network cost decide); when no
+// remote endpoint has headroom either, spilling would not help and only
+// local endpoints remain. Without local endpoints, remote ones are kept.
+type Filter struct {
+	name   string
+	params FilterParams
+	now    func() time.Time
+}
+
+var _ fwksched.Filter = (*Filter)(nil)
+
+// FilterFactory builds the filter from its EndpointPickerConfig parameters.
+func FilterFactory(name string, raw json.RawMessage, _ fwkplugin.Handle) (fwkplugin.Plugin, error) {
+	p := DefaultFilterParams
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return nil, fmt.Errorf("%s parameters: %w", FilterType, err)
+		}
+	}
+	if p.QueueDepthThreshold <= 0 || p.KVCacheUtilThreshold <= 0 || p.KVCacheUtilThreshold > 1 ||
+		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 {
+		return nil, errors.New(FilterType + ": thresholds must be positive and kvCacheUtilThreshold at most 1")
+	}
+	return &Filter{name: name, params: p, now: time.Now}, nil
+}
+
+func (f *Filter) TypedName() fwkplugin.TypedName {
+	return fwkplugin.TypedName{Type: FilterType, Name: f.name}
+}
+
+func (f *Filter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
+	now := f.now()
+	var local, remote, remoteRoom []fwksched.Endpoint
+	localRoom := false
+	for _, ep := range endpoints {
+		if federation.OriginOf(ep) == nil {
+			local = append(local, ep)
+			localRoom = localRoom || f.hasRoom(ep.GetMetrics(), now, f.params.MetricsStalenessThreshold)
+			continue
+		}
+		remote = append(remote, ep)
+		if f.hasRoom(ep.GetMetrics(), now, f.params.RemoteMetricsStalenessThreshold) {
+			remoteRoom = append(remoteRoom, ep)
+		}
+	}
+	switch {
+	case len(remote) == 0:
+		return endpoints
+	case len(local) == 0 && len(remoteRoom) > 0:
+		return remoteRoom
+	case len(local) == 0:
+		return remote
+	case localRoom || len(remoteRoom) == 0:
+		return local
+	}
+	return append(local, remoteRoom...)
+}
+
+// LocalSaturated reports whether no local endpoint has headroom, that is
+// whether this filter would let remote endpoints in. The candidate lookup
+// asks it first, so that while traffic stays local the remote endpoints do
+// not even enter the scheduling cycle (GIE copies every candidate per pick).
+func (f *Filter) LocalSaturated(local []fwkdl.Endpoint) bool {
+	now := f.now()
+	for _, ep := range local {
+		if f.hasRoom(ep.GetMetrics(), now, f.params.MetricsStalenessThreshold) {
+			return false
+		}
+	}
+	return true
+}
+
+func (f *Filter) hasRoom(m *fwkdl.Metrics, now time.Time, staleAfter Duration) bool {
+	return m != nil && now.Sub(m.UpdateTime) <= time.Duration(staleAfter) &&
+		m.WaitingQueueSize < f.params.QueueDepthThreshold && m.KVCacheUsagePercent < f.params.KVCacheUtilThreshold
+}
+
+// Duration is a time.Duration written as a Go duration string ("200ms") in
+// the configuration, as GIE's own plugins take durations.
+type Duration time.Duration
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"200ms\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }

@@ -1,0 +1,167 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+
+	"github.com/fleetinfer/fleetinfer/epp/federation"
+	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+)
+
+// FederationOptions are the federation's command-line flags. Federation is
+// on when --federation-peers-file is set.
+type FederationOptions struct {
+	Cluster          string
+	PeersFile        string
+	Port             int
+	CertFile         string
+	KeyFile          string
+	CAFile           string
+	Mode             string
+	Staleness        time.Duration
+	PublishInterval  time.Duration
+	Heartbeat        time.Duration
+	MaxEndpoints     int
+	MaxMessageBytes  int
+	ReloadInterval   time.Duration
+	MinBackoff       time.Duration
+	MaxBackoff       time.Duration
+	LaggingAfter     time.Duration
+	SubscriberBuffer int
+}
+
+// NewFederationOptions returns the defaults.
+func NewFederationOptions() *FederationOptions {
+	return &FederationOptions{
+		Port: 9004, Mode: string(federation.ModeEndpoint), Staleness: 2 * time.Second,
+		PublishInterval: 50 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
+		MaxEndpoints: federation.DefaultLimits.MaxEndpoints, MaxMessageBytes: federation.DefaultLimits.MaxMessageBytes,
+		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
+		LaggingAfter: 500 * time.Millisecond, SubscriberBuffer: 64,
+	}
+}
+
+// AddFlags adds the federation flags to fs.
+func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Cluster, "federation-cluster", o.Cluster, "This cluster's name; peer directory entries of this cluster are skipped.")
+	fs.StringVar(&o.PeersFile, "federation-peers-file", o.PeersFile, "Peer directory file (YAML or JSON, reloaded on change); enables federation.")
+	fs.IntVar(&o.Port, "federation-port", o.Port, "Port of the federation gRPC server (mTLS).")
+	fs.StringVar(&o.CertFile, "federation-cert-file", o.CertFile, "PEM certificate of this EPP's federation identity (reloaded on change).")
+	fs.StringVar(&o.KeyFile, "federation-key-file", o.KeyFile, "PEM private key of the federation certificate (reloaded on change).")
+	fs.StringVar(&o.CAFile, "federation-ca-file", o.CAFile, "PEM CA bundle that signs peers' certificates (reloaded on change).")
+	fs.StringVar(&o.Mode, "federation-mode", o.Mode, "How requests reach peers' pods when their entry does not say: Endpoint (pod ip:port) or Parent (peer gateway plus subset hint).")
+	fs.DurationVar(&o.Staleness, "federation-staleness", o.Staleness, "Remote endpoints whose data is older are not candidates; a silent peer is disconnected after this long.")
+	fs.DurationVar(&o.PublishInterval, "federation-publish-interval", o.PublishInterval, "How often local changes are sent to subscribers.")
+	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
+	fs.IntVar(&o.MaxEndpoints, "federation-max-endpoints-per-peer", o.MaxEndpoints, "Most endpoints accepted from one peer.")
+	fs.IntVar(&o.MaxMessageBytes, "federation-max-message-bytes", o.MaxMessageBytes, "Largest federation message accepted.")
+}
+
+// Validate checks the flags.
+func (o *FederationOptions) Validate() error {
+	if o.PeersFile == "" {
+		return nil
+	}
+	var errs []error
+	if o.Cluster == "" {
+		errs = append(errs, errors.New("--federation-cluster is required with --federation-peers-file"))
+	}
+	if o.CertFile == "" || o.KeyFile == "" || o.CAFile == "" {
+		errs = append(errs, errors.New("--federation-cert-file, --federation-key-file and --federation-ca-file are required: peers authenticate with mTLS"))
+	}
+	if _, err := federation.ParseMode(o.Mode); err != nil {
+		errs = append(errs, err)
+	}
+	if o.Port <= 0 || o.Port > 65535 {
+		errs = append(errs, fmt.Errorf("--federation-port %d out of range", o.Port))
+	}
+	if o.Staleness <= 0 || o.PublishInterval <= 0 || o.Heartbeat <= 0 || o.Heartbeat >= o.Staleness {
+		errs = append(errs, errors.New("federation intervals must be positive, with the heartbeat shorter than the staleness bound"))
+	}
+	if o.MaxEndpoints <= 0 || o.MaxMessageBytes <= 0 {
+		errs = append(errs, errors.New("federation limits must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// federationParts are the running pieces; all nil when federation is off.
+type federationParts struct {
+	store      *federation.Store
+	dir        *federation.DirectoryFile
+	creds      *federation.Credentials
+	publisher  *federation.Publisher
+	subscriber *federation.Subscriber
+	port       int
+	reload     time.Duration
+}
+
+func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datastore, log logr.Logger) (*federationParts, error) {
+	if o.PeersFile == "" {
+		return &federationParts{}, nil
+	}
+	log = log.WithName("federation")
+	mode, _ := federation.ParseMode(o.Mode)
+	dir := &federation.DirectoryFile{Path: o.PeersFile, Interval: o.ReloadInterval, Log: log}
+	if err := dir.Load(); err != nil {
+		return nil, err
+	}
+	creds, err := federation.LoadCredentials(federation.TLSFiles{CertFile: o.CertFile, KeyFile: o.KeyFile, CAFile: o.CAFile}, log)
+	if err != nil {
+		return nil, err
+	}
+	limits := federation.Limits{MaxMessageBytes: o.MaxMessageBytes, MaxEndpoints: o.MaxEndpoints}
+	store := federation.NewStore(o.Staleness)
+	return &federationParts{
+		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval,
+		publisher: federation.NewPublisher(federation.PublisherOptions{
+			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
+			Interval: o.PublishInterval, Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,
+			Authorize: federation.Authorize(dir, pool, o.Cluster), Buffer: o.SubscriberBuffer, Log: log,
+		}),
+		subscriber: federation.NewSubscriber(federation.SubscriberOptions{
+			Cluster: o.Cluster, Pool: pool, DefaultMode: mode, Store: store, Credentials: creds, Limits: limits,
+			MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, Log: log,
+		}),
+	}, nil
+}
+
+// addTo adds the federation's server, subscriptions and file watchers to
+// the manager, next to GIE's servers.
+func (f *federationParts) addTo(mgr manager.Manager) error {
+	if f.store == nil {
+		return nil
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(f.creds.ServerConfig())),
+		// Subscribers ping to notice dead connections; allow it.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxConcurrentStreams(1000))
+	federationv1.RegisterFederationServer(srv, f.publisher)
+	for _, r := range []manager.Runnable{
+		grpcRunnable("federation", srv, f.port),
+		runFunc(f.publisher.Run),
+		runFunc(func(ctx context.Context) error { return f.subscriber.Run(ctx, f.dir) }),
+		runFunc(f.dir.Run),
+		runFunc(func(ctx context.Context) error { f.creds.Run(ctx, f.reload); return nil }),
+	} {
+		if err := mgr.Add(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func runFunc(fn func(context.Context) error) manager.Runnable {
+	return noLeaderElection{manager.RunnableFunc(fn)}
+}

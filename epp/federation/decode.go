@@ -1,0 +1,132 @@
+package federation
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+
+	"google.golang.org/protobuf/proto"
+
+	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+)
+
+// Limits bound what one peer can make an EPP hold. A message that breaks one
+// is a protocol error: the stream it came on is closed and the peer's
+// endpoints are dropped, the EPP itself carries on.
+type Limits struct {
+	// MaxMessageBytes bounds one encoded Update.
+	MaxMessageBytes int
+	// MaxEndpoints bounds the endpoints held for one peer.
+	MaxEndpoints int
+}
+
+// DefaultLimits allow a peer 4,096 endpoints in messages of at most 4 MiB; a
+// full snapshot of 4,096 endpoints with a dozen labels each is about 1.5 MiB.
+var DefaultLimits = Limits{MaxMessageBytes: 4 << 20, MaxEndpoints: 4096}
+
+// Per-endpoint bounds, from Kubernetes' own limits where one exists.
+const (
+	maxNameLen       = 253 // DNS subdomain
+	maxLabels        = 64
+	maxLabelKeyLen   = 253 + 1 + 63 // prefix/name
+	maxLabelValueLen = 63
+	maxAdapters      = 256
+	maxAdapterLen    = 256
+)
+
+// DecodeUpdate parses one Update and checks everything that can be checked
+// without the stream's state. It is the only way the subscriber turns bytes
+// from a peer into an Update.
+func DecodeUpdate(b []byte, limits Limits) (*federationv1.Update, error) {
+	u := &federationv1.Update{}
+	if err := decodeInto(b, u, limits); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+func decodeInto(b []byte, u *federationv1.Update, limits Limits) error {
+	if len(b) > limits.MaxMessageBytes {
+		return fmt.Errorf("update of %d bytes exceeds the limit of %d", len(b), limits.MaxMessageBytes)
+	}
+	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, u); err != nil {
+		return fmt.Errorf("malformed update: %w", err)
+	}
+	return ValidateUpdate(u, limits)
+}
+
+// ValidateUpdate checks an Update's fields and bounds.
+func ValidateUpdate(u *federationv1.Update, limits Limits) error {
+	if u.GetSeq() == 0 {
+		return errors.New("update without sequence number")
+	}
+	if u.GetSentUnixNano() <= 0 {
+		return errors.New("update without send time")
+	}
+	if n := len(u.GetUpserts()) + len(u.GetRemoved()) + len(u.GetLagging()); n > 3*limits.MaxEndpoints {
+		return fmt.Errorf("update lists %d endpoints, more than a peer may have", n)
+	}
+	seen := make(map[uint32]bool, len(u.GetUpserts()))
+	for _, e := range u.GetUpserts() {
+		if seen[e.GetId()] {
+			return fmt.Errorf("endpoint %d upserted twice", e.GetId())
+		}
+		seen[e.GetId()] = true
+		if err := validateEndpoint(e); err != nil {
+			return fmt.Errorf("endpoint %d: %w", e.GetId(), err)
+		}
+	}
+	for _, id := range u.GetRemoved() {
+		if seen[id] {
+			return fmt.Errorf("endpoint %d both upserted and removed", id)
+		}
+	}
+	return nil
+}
+
+func validateEndpoint(e *federationv1.Endpoint) error {
+	if s := e.GetSpec(); s != nil {
+		if s.GetName() == "" || len(s.GetName()) > maxNameLen || len(s.GetPodName()) > maxNameLen {
+			return errors.New("endpoint name missing or too long")
+		}
+		addr, err := netip.ParseAddr(s.GetAddress())
+		if err != nil || addr.Zone() != "" {
+			return fmt.Errorf("address %q is not an IP address", s.GetAddress())
+		}
+		if s.GetPort() == 0 || s.GetPort() > math.MaxUint16 {
+			return fmt.Errorf("port %d out of range", s.GetPort())
+		}
+		if len(s.GetLabels()) > maxLabels {
+			return fmt.Errorf("%d labels, at most %d", len(s.GetLabels()), maxLabels)
+		}
+		for k, v := range s.GetLabels() {
+			if k == "" || len(k) > maxLabelKeyLen || len(v) > maxLabelValueLen {
+				return fmt.Errorf("label %.40q is empty or too long", k)
+			}
+		}
+	}
+	m := e.GetMetrics()
+	if m == nil {
+		return errors.New("endpoint without metrics")
+	}
+	if kv := m.GetKvCacheUsage(); math.IsNaN(kv) || kv < 0 || kv > 1 {
+		return fmt.Errorf("KV-cache usage %v is not a fraction", kv)
+	}
+	if m.GetScrapeUnixNano() < 0 {
+		return errors.New("negative scrape time")
+	}
+	if l := m.GetLora(); l != nil {
+		if l.GetMaxAdapters() < 0 || len(l.GetRunning()) > maxAdapters || len(l.GetWaiting()) > maxAdapters {
+			return errors.New("LoRA state out of bounds")
+		}
+		for _, adapters := range []map[string]uint32{l.GetRunning(), l.GetWaiting()} {
+			for name := range adapters {
+				if name == "" || len(name) > maxAdapterLen {
+					return fmt.Errorf("LoRA adapter name %.40q is empty or too long", name)
+				}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+package federation
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Federation metrics. The runner registers Collectors() next to GIE's own.
+var (
+	peersConnected = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetinfer_epp_federation_peers_connected",
+		Help: "Peers whose federation stream is up (subscriptions of this EPP).",
+	})
+	subscribers = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetinfer_epp_federation_subscribers",
+		Help: "Peers subscribed to this EPP's endpoints.",
+	})
+	remoteEndpoints = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fleetinfer_epp_federation_remote_endpoints",
+		Help: "Endpoints held for each peer.",
+	}, []string{"peer"})
+	// Lag is observed at pick time, once per peer, for the stalest of that
+	// peer's endpoints that were candidates.
+	lag = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "fleetinfer_epp_federation_lag_seconds",
+		Help:    "Age of a peer's endpoint data at pick time (its stalest candidate endpoint), from the peer's scrape to the pick.",
+		Buckets: []float64{.005, .01, .02, .03, .05, .075, .1, .125, .15, .2, .25, .3, .4, .5, .75, 1, 1.5, 2},
+	}, []string{"peer"})
+	bytesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_bytes_total",
+		Help: "Federation message bytes exchanged with each peer (protobuf payload, without gRPC and TLS framing).",
+	}, []string{"peer", "direction"})
+	updatesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_updates_total",
+		Help: "Federation messages exchanged with each peer.",
+	}, []string{"peer", "direction"})
+	streamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_stream_errors_total",
+		Help: "Subscription streams to a peer that ended, by reason (connect, transport, protocol, stale).",
+	}, []string{"peer", "reason"})
+	refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_refused_total",
+		Help: "Subscriptions this EPP refused, by reason (unknown-identity, wrong-pool).",
+	}, []string{"reason"})
+	// Picks is counted by the director, which knows where a pick went.
+	Picks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_picks_total",
+		Help: "Requests scheduled, by whether the primary endpoint is local or remote, and its cluster (empty for local).",
+	}, []string{"locality", "cluster"})
+	// SubsetHints is counted by the candidate lookup.
+	SubsetHints = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_subset_hints_total",
+		Help: "Requests that carried a subset hint, by result: honoured (a hinted endpoint exists), fallback (none does; own pick, FailOpen) or rejected (none does; FailClose).",
+	}, []string{"result"})
+)
+
+// Collectors returns every fleetinfer EPP metric.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{peersConnected, subscribers, remoteEndpoints, lag, bytesTotal,
+		updatesTotal, streamErrors, refused, Picks, SubsetHints}
+}
+
+// ObserveLag records the age of a peer's data at pick time.
+func ObserveLag(peer string, seconds float64) { lag.WithLabelValues(peer).Observe(seconds) }

@@ -1,0 +1,243 @@
+package federation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/mem"
+	"k8s.io/apimachinery/pkg/types"
+
+	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+)
+
+// SubscriberOptions configure the subscriptions of one EPP.
+type SubscriberOptions struct {
+	// Cluster is this EPP's own cluster name, sent to peers.
+	Cluster string
+	Pool    types.NamespacedName
+	// DefaultMode applies to peers that do not set one.
+	DefaultMode Mode
+	Store       *Store
+	Credentials *Credentials
+	Limits      Limits
+	// MinBackoff and MaxBackoff bound the wait between reconnects (with
+	// jitter, doubling from the minimum).
+	MinBackoff, MaxBackoff time.Duration
+	Log                    logr.Logger
+}
+
+// Subscriber keeps one subscription per peer of the pool, following the peer
+// directory: peers that appear are subscribed, peers that leave or change are
+// dropped (and resubscribed with the new entry).
+type Subscriber struct {
+	opts SubscriberOptions
+
+	mu      sync.Mutex
+	running map[string]*peerRun // by cluster
+	wg      sync.WaitGroup
+}
+
+type peerRun struct {
+	peer   Peer
+	cancel context.CancelFunc
+}
+
+// NewSubscriber returns a subscriber with no peers.
+func NewSubscriber(opts SubscriberOptions) *Subscriber {
+	return &Subscriber{opts: opts, running: map[string]*peerRun{}}
+}
+
+// Run follows the directory until ctx ends, then stops every subscription.
+func (s *Subscriber) Run(ctx context.Context, dir *DirectoryFile) error {
+	changed := dir.Changed()
+	s.sync(ctx, dir.Current())
+	for {
+		select {
+		case <-ctx.Done():
+			s.wg.Wait()
+			return nil
+		case <-changed:
+			s.sync(ctx, dir.Current())
+		}
+	}
+}
+
+// Authorize maps a client's certificate identities to a peer of this pool,
+// for the publisher: only identities in the directory may subscribe.
+func Authorize(dir *DirectoryFile, pool types.NamespacedName, self string) func([]string) (string, bool) {
+	return func(ids []string) (string, bool) {
+		for _, p := range dir.Current().For(pool, self) {
+			for _, id := range ids {
+				if id == p.Identity {
+					return p.Cluster, true
+				}
+			}
+		}
+		return "", false
+	}
+}
+
+func (s *Subscriber) sync(ctx context.Context, d *PeerDirectory) {
+	want := map[string]Peer{}
+	for _, p := range d.For(s.opts.Pool, s.opts.Cluster) {
+		if p.Mode == "" {
+			p.Mode = s.opts.DefaultMode
+		}
+		want[p.Cluster] = p
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for cluster, r := range s.running {
+		if p, ok := want[cluster]; !ok || !samePeer(p, r.peer) {
+			r.cancel()
+			delete(s.running, cluster)
+		}
+	}
+	for cluster, p := range want {
+		if _, ok := s.running[cluster]; ok {
+			continue
+		}
+		pctx, cancel := context.WithCancel(ctx)
+		s.running[cluster] = &peerRun{peer: p, cancel: cancel}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.follow(pctx, p)
+		}()
+	}
+}
+
+func samePeer(a, b Peer) bool {
+	return a.Cluster == b.Cluster && a.FederationAddress == b.FederationAddress &&
+		a.GatewayAddress == b.GatewayAddress && a.Identity == b.Identity && a.Mode == b.Mode
+}
+
+// follow subscribes to one peer until ctx ends, reconnecting with backoff.
+func (s *Subscriber) follow(ctx context.Context, p Peer) {
+	log := s.opts.Log.WithValues("peer", p.Cluster, "address", p.FederationAddress)
+	origin := &Origin{Cluster: p.Cluster, Mode: p.Mode, Gateway: p.GatewayAddress}
+	backoff := s.opts.MinBackoff
+	defer remoteEndpoints.DeleteLabelValues(p.Cluster)
+	for {
+		began := time.Now()
+		reason, err := s.stream(ctx, p, origin)
+		s.opts.Store.set(p.Cluster, nil)
+		remoteEndpoints.WithLabelValues(p.Cluster).Set(0)
+		if ctx.Err() != nil {
+			return
+		}
+		streamErrors.WithLabelValues(p.Cluster, reason).Inc()
+		log.Info("Federation stream ended; peer's endpoints dropped", "reason", reason, "err", err)
+		// A stream that lasted resets the backoff: the peer was healthy.
+		if time.Since(began) > s.opts.MaxBackoff {
+			backoff = s.opts.MinBackoff
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(2*backoff, s.opts.MaxBackoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// stream runs one subscription and returns why it ended.
+func (s *Subscriber) stream(ctx context.Context, p Peer, origin *Origin) (string, error) {
+	staleAfter := s.opts.Store.StaleAfter()
+	conn, err := grpc.NewClient("passthrough:///"+p.FederationAddress,
+		grpc.WithTransportCredentials(credentials.NewTLS(s.opts.Credentials.ClientConfig(p.Identity))),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: staleAfter, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return "connect", err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	c := &updateCodec{limits: s.opts.Limits, peer: p.Cluster}
+	st, err := federationv1.NewFederationClient(conn).Subscribe(ctx,
+		&federationv1.SubscribeRequest{PoolNamespace: s.opts.Pool.Namespace, PoolName: s.opts.Pool.Name, Cluster: s.opts.Cluster},
+		grpc.ForceCodecV2(c), grpc.MaxCallRecvMsgSize(s.opts.Limits.MaxMessageBytes))
+	if err != nil {
+		return "connect", err
+	}
+	state := newPeerState(origin, s.opts.Pool.Namespace, s.opts.Limits)
+	// A peer that stops talking without closing the connection is dropped
+	// once its data would be stale anyway: heartbeats come far more often.
+	watchdog := time.AfterFunc(staleAfter, func() { cancel(errStale) })
+	defer watchdog.Stop()
+	connected := false
+	defer func() {
+		if connected {
+			peersConnected.Dec()
+		}
+	}()
+	for {
+		u, err := st.Recv()
+		if err != nil {
+			if errors.Is(context.Cause(ctx), errStale) {
+				return "stale", errStale
+			}
+			if c.err != nil {
+				return "protocol", c.err
+			}
+			return "transport", err
+		}
+		watchdog.Reset(staleAfter)
+		if err := state.apply(u, time.Now()); err != nil {
+			return "protocol", err
+		}
+		if !connected {
+			connected = true
+			peersConnected.Inc()
+			s.opts.Store.set(p.Cluster, state)
+			s.opts.Log.Info("Federation stream up", "peer", p.Cluster, "endpoints", len(state.byID))
+		}
+		remoteEndpoints.WithLabelValues(p.Cluster).Set(float64(len(state.byID)))
+	}
+}
+
+var errStale = errors.New("no message within the staleness bound")
+
+// updateCodec decodes received Updates with DecodeUpdate, so that every byte
+// from a peer goes through the same validation the fuzz tests exercise, and
+// counts them. Requests are encoded with gRPC's proto codec.
+type updateCodec struct {
+	limits Limits
+	peer   string
+	// err is the last decoding error: gRPC reports it to Recv as an
+	// Internal status, this keeps it apart from transport errors.
+	err error
+}
+
+func (c *updateCodec) Name() string { return grpcproto.Name }
+
+func (c *updateCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return encoding.GetCodecV2(grpcproto.Name).Marshal(v)
+}
+
+func (c *updateCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	out, ok := v.(*federationv1.Update)
+	if !ok {
+		return encoding.GetCodecV2(grpcproto.Name).Unmarshal(data, v)
+	}
+	b := data.Materialize()
+	bytesTotal.WithLabelValues(c.peer, "received").Add(float64(len(b)))
+	updatesTotal.WithLabelValues(c.peer, "received").Inc()
+	if err := decodeInto(b, out, c.limits); err != nil {
+		c.err = err
+		return fmt.Errorf("%w: %w", errProtocol, err)
+	}
+	return nil
+}
