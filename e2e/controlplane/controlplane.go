@@ -44,6 +44,10 @@ type Options struct {
 	// ControllerManager runs kube-controller-manager (garbage collection,
 	// Deployments, ReplicaSets, namespaces, service accounts).
 	ControllerManager bool
+	// Controllers overrides kube-controller-manager's --controllers, e.g.
+	// garbage collection without the Deployment controller, for tests that
+	// set workload status themselves.
+	Controllers string
 	// Scheduler runs kube-scheduler, which binds pods to the fake nodes.
 	Scheduler bool
 }
@@ -145,7 +149,9 @@ func (c *ControlPlane) Name() string { return c.opts.Name }
 func (c *ControlPlane) Dir() string { return c.opts.Dir }
 
 // URL is the API server's address.
-func (c *ControlPlane) URL() string { return "https://" + net.JoinHostPort(c.host, strconv.Itoa(c.apiPort)) }
+func (c *ControlPlane) URL() string {
+	return "https://" + net.JoinHostPort(c.host, strconv.Itoa(c.apiPort))
+}
 
 // Admin is a rest.Config for a system:masters user.
 func (c *ControlPlane) Admin() *rest.Config { return rest.CopyConfig(c.admin) }
@@ -189,8 +195,12 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 		return err
 	}
 	if c.opts.ControllerManager {
+		ctrls := c.opts.Controllers
+		if ctrls == "" {
+			ctrls = controllers
+		}
 		if err := c.startComponent("kube-controller-manager", c.opts.Binaries.KubeControllerManager,
-			"--controllers="+controllers,
+			"--controllers="+ctrls,
 			"--use-service-account-credentials=false",
 			"--root-ca-file="+c.path("pki", "ca.crt"),
 			"--kube-api-qps=200", "--kube-api-burst=400",

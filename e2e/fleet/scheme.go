@@ -6,9 +6,9 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	clusterv1 "open-cluster-management.io/api/cluster/v1"
 	clusterinventoryv1alpha1 "sigs.k8s.io/cluster-inventory-api/apis/v1alpha1"
-	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	inferencexv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 )
 

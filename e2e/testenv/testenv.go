@@ -28,7 +28,10 @@ type Options struct {
 	// ControllerManager also runs kube-controller-manager (garbage
 	// collection, Deployments to pods, namespaces); envtest has none.
 	ControllerManager bool
-	Scheme            *runtime.Scheme
+	// Controllers limits kube-controller-manager to these controllers
+	// (its --controllers syntax); empty runs the local fleet's set.
+	Controllers string
+	Scheme      *runtime.Scheme
 }
 
 // Env is a running control plane.
@@ -38,11 +41,13 @@ type Env struct {
 	Client client.Client
 }
 
-// Run starts a control plane, runs the tests and stops it, failing if any
-// process it started is left running. Use it from TestMain:
+// Run starts a control plane, runs each setup (for example a controller
+// manager, stopped through its context when the tests end), runs the tests
+// and stops everything, failing if any process it started is left running.
+// Use it from TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(testenv.Run(m, opts, &env)) }
-func Run(m *testing.M, opts Options, env **Env) int {
+func Run(m *testing.M, opts Options, env **Env, setup ...func(context.Context, *Env) error) int {
 	reg := &process.Registry{}
 	e, err := start(opts, reg)
 	if err != nil {
@@ -51,7 +56,18 @@ func Run(m *testing.M, opts Options, env **Env) int {
 		return 1
 	}
 	*env = e
-	code := m.Run()
+	ctx, cancel := context.WithCancel(context.Background())
+	code := 0
+	for _, s := range setup {
+		if err := s(ctx, e); err != nil {
+			fmt.Fprintln(os.Stderr, "testenv setup:", err)
+			code = 1
+		}
+	}
+	if code == 0 {
+		code = m.Run()
+	}
+	cancel()
 	e.Stop()
 	reg.StopAll(controlplane.StopGrace)
 	_ = os.RemoveAll(e.Dir())
@@ -72,7 +88,7 @@ func start(opts Options, reg *process.Registry) (*Env, error) {
 		return nil, err
 	}
 	cp, err := controlplane.New(controlplane.Options{
-		Name: "testenv", Dir: dir, Registry: reg, ControllerManager: opts.ControllerManager,
+		Name: "testenv", Dir: dir, Registry: reg, ControllerManager: opts.ControllerManager, Controllers: opts.Controllers,
 		Binaries: controlplane.Binaries{Etcd: bins.Etcd, KubeAPIServer: bins.KubeAPIServer,
 			KubeControllerManager: bins.KubeControllerManager},
 	})

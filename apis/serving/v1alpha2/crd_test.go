@@ -255,6 +255,8 @@ func TestValidationRejectsBadInputWithClearMessages(t *testing.T) {
 		{"route refs and spec", "LLMInferenceService", `{router: {route: {http: {refs: [{name: r}], spec: {}}}}}`,
 			"cannot use both custom HTTPRoute refs"},
 		{"scheduler zero replicas", "LLMInferenceService", `{router: {scheduler: {replicas: 0}}}`, "should be greater than or equal to 1"},
+		{"route refs with managed gateway", "LLMInferenceService", `{router: {route: {http: {refs: [{name: r}]}}, gateway: {}}}`,
+			"cannot be used with a managed gateway"},
 		{"pool spec and ref", "LLMInferenceService", `{router: {scheduler: {pool: {ref: {name: p}, spec: {selector: {matchLabels: {a: b}}, targetPorts: [{number: 8000}], endpointPickerRef: {name: e, port: {number: 9002}}}}}}}`,
 			"pool spec and pool ref are mutually exclusive"},
 		{"legacy pool shape", "LLMInferenceService", `{router: {scheduler: {pool: {spec: {selector: {app: x}, targetPortNumber: 8000}}}}}`,

@@ -288,6 +288,8 @@ type StorageInitializerSpec struct {
 }
 
 // RouterSpec exposes the service.
+//
+// +kubebuilder:validation:XValidation:rule="!(has(self.route) && has(self.route.http) && has(self.route.http.refs) && size(self.route.http.refs) > 0 && has(self.gateway) && (!has(self.gateway.refs) || size(self.gateway.refs) == 0))",message="custom HTTP routes (spec.router.route.http.refs) cannot be used with a managed gateway (spec.router.gateway); either remove spec.router.route.http.refs or set spec.router.gateway.refs"
 type RouterSpec struct {
 	// Route: {} for a managed HTTPRoute, or refs/spec.
 	// +optional

@@ -1,0 +1,55 @@
+// Command spoke runs fleetinfer's spoke controller in one GPU cluster; see
+// package spoke.
+package main
+
+import (
+	"flag"
+	"os"
+	"strings"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/fleetinfer/fleetinfer/internal/managerflags"
+	"github.com/fleetinfer/fleetinfer/spoke"
+	"github.com/fleetinfer/fleetinfer/spoke/llmisvc"
+)
+
+func main() {
+	var mf managerflags.Flags
+	mf.Bind(flag.CommandLine, ":8080", ":8081")
+	opts := spoke.Options{Options: llmisvc.Options{Global: llmisvc.GlobalConfig{}}}
+	var gateway string
+	flag.StringVar(&opts.SystemNamespace, "system-namespace", "fleetinfer-system", "Namespace of the well-known presets and fallback for config lookups.")
+	flag.StringVar(&opts.PresetPrefix, "preset-prefix", "kserve-", "Prefix of the well-known preset names.")
+	flag.BoolVar(&opts.InstallPresets, "install-presets", true, "Install the well-known presets into the system namespace at start-up.")
+	flag.StringVar(&gateway, "default-gateway", "fleetinfer-system/inference-gateway", "namespace/name of the Gateway for `router.gateway: {}`.")
+	flag.BoolVar(&opts.Global.EnableTLS, "enable-tls", false, "Serve model servers and the endpoint picker over TLS (presets read it as .GlobalConfig.EnableTLS).")
+	flag.StringVar(&opts.Global.ModelBasedRoutingHeaderName, "model-routing-header", "X-Gateway-Model-Name", "Header the route preset matches for model-based routing.")
+	flag.Parse()
+	log := mf.Logger()
+	ctrl.SetLogger(log)
+
+	ns, name, ok := strings.Cut(gateway, "/")
+	if !ok || ns == "" || name == "" {
+		log.Error(nil, "--default-gateway must be namespace/name", "value", gateway)
+		os.Exit(2)
+	}
+	opts.Global.IngressGatewayNamespace, opts.Global.IngressGatewayName = ns, name
+	opts.Global.SystemNamespace = opts.SystemNamespace
+
+	ctx := ctrl.SetupSignalHandler()
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), mf.Options(spoke.Scheme, "fleetinfer-spoke"))
+	if err == nil {
+		err = spoke.Setup(ctx, mgr, opts)
+	}
+	if err == nil {
+		err = managerflags.AddChecks(mgr)
+	}
+	if err == nil {
+		err = mgr.Start(ctx)
+	}
+	if err != nil {
+		log.Error(err, "spoke controller failed")
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,54 @@
+// Package managerflags holds the command-line flags every fleetinfer
+// controller binary shares, with controller-runtime's conventional names:
+// --kubeconfig (registered by controller-runtime), --metrics-bind-address,
+// --health-probe-bind-address, --leader-elect and the zap logging flags.
+package managerflags
+
+import (
+	"flag"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+)
+
+// Flags are the shared flags.
+type Flags struct {
+	MetricsAddr string
+	ProbeAddr   string
+	LeaderElect bool
+	Zap         zap.Options
+}
+
+// Bind registers the flags on fs with per-binary default ports.
+func (f *Flags) Bind(fs *flag.FlagSet, metricsAddr, probeAddr string) {
+	fs.StringVar(&f.MetricsAddr, "metrics-bind-address", metricsAddr, "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	fs.StringVar(&f.ProbeAddr, "health-probe-bind-address", probeAddr, "Address the /healthz and /readyz endpoints bind to.")
+	fs.BoolVar(&f.LeaderElect, "leader-elect", false, "Enable leader election, so that only one replica is active.")
+	f.Zap.BindFlags(fs)
+}
+
+// Logger returns the logger the zap flags describe.
+func (f *Flags) Logger() logr.Logger { return zap.New(zap.UseFlagOptions(&f.Zap)) }
+
+// Options are the manager options the flags describe.
+func (f *Flags) Options(scheme *runtime.Scheme, leaderElectionID string) ctrl.Options {
+	return ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: f.MetricsAddr},
+		HealthProbeBindAddress: f.ProbeAddr,
+		LeaderElection:         f.LeaderElect,
+		LeaderElectionID:       leaderElectionID,
+	}
+}
+
+// AddChecks adds the standard liveness and readiness checks.
+func AddChecks(mgr ctrl.Manager) error {
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("readyz", healthz.Ping)
+}

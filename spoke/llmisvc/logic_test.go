@@ -1,0 +1,108 @@
+package llmisvc
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+)
+
+func TestChildNameStaysAValidLabelAndUnique(t *testing.T) {
+	long := strings.Repeat("a", 70)
+	cases := []struct{ parent, suffix, want string }{
+		{"opt", "-kserve", "opt-kserve"},
+		{strings.Repeat("a", 56), "-kserve", strings.Repeat("a", 56) + "-kserve"},
+	}
+	for _, c := range cases {
+		if got := childName(c.parent, c.suffix); got != c.want {
+			t.Errorf("childName(%q, %q) = %q, want %q", c.parent, c.suffix, got, c.want)
+		}
+	}
+	a, b := childName(long+"x", "-kserve-workload-svc"), childName(long+"y", "-kserve-workload-svc")
+	if len(a) > 63 || a == b || !strings.HasSuffix(a, "-kserve-workload-svc") {
+		t.Errorf("long names: %q (%d) and %q", a, len(a), b)
+	}
+}
+
+func TestGroupSize(t *testing.T) {
+	cases := []struct {
+		name string
+		p    *v1alpha2.ParallelismSpec
+		want int32
+	}{
+		{"none", nil, 1},
+		{"tensor only", &v1alpha2.ParallelismSpec{Tensor: ptr.To(int32(4))}, 1},
+		{"data over dataLocal", &v1alpha2.ParallelismSpec{Data: ptr.To(int32(16)), DataLocal: ptr.To(int32(8))}, 2},
+		{"dataLocal above data", &v1alpha2.ParallelismSpec{Data: ptr.To(int32(2)), DataLocal: ptr.To(int32(8))}, 1},
+		{"pipeline", &v1alpha2.ParallelismSpec{Pipeline: ptr.To(int32(3))}, 3},
+	}
+	for _, c := range cases {
+		if got := groupSize(c.p); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestPresetsFollowTheServiceShape(t *testing.T) {
+	r := &Reconciler{opts: Options{PresetPrefix: "kserve-"}}
+	worker := &corev1.PodSpec{}
+	dp := &v1alpha2.ParallelismSpec{Data: ptr.To(int32(4)), DataLocal: ptr.To(int32(2))}
+	pp := &v1alpha2.ParallelismSpec{Pipeline: ptr.To(int32(2))}
+	cases := []struct {
+		name string
+		spec v1alpha2.LLMInferenceServiceSpec
+		want string
+	}{
+		{"single node", v1alpha2.LLMInferenceServiceSpec{}, "kserve-config-llm-template"},
+		{"scheduler and route", v1alpha2.LLMInferenceServiceSpec{Router: &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{}, Route: &v1alpha2.GatewayRoutesSpec{}}},
+			"kserve-config-llm-scheduler kserve-config-llm-router-route kserve-config-llm-template"},
+		{"pool ref needs no scheduler preset", v1alpha2.LLMInferenceServiceSpec{Router: &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{Pool: &v1alpha2.InferencePoolSpec{Ref: &corev1.LocalObjectReference{Name: "p"}}}}},
+			"kserve-config-llm-template"},
+		{"route refs need no route preset", v1alpha2.LLMInferenceServiceSpec{Router: &v1alpha2.RouterSpec{Route: &v1alpha2.GatewayRoutesSpec{HTTP: &v1alpha2.HTTPRouteSpec{Refs: []corev1.LocalObjectReference{{Name: "r"}}}}}},
+			"kserve-config-llm-template"},
+		{"data parallel", v1alpha2.LLMInferenceServiceSpec{WorkloadSpec: v1alpha2.WorkloadSpec{Worker: worker, Parallelism: dp}}, "kserve-config-llm-worker-data-parallel"},
+		{"pipeline parallel", v1alpha2.LLMInferenceServiceSpec{WorkloadSpec: v1alpha2.WorkloadSpec{Worker: worker, Parallelism: pp}}, "kserve-config-llm-worker-pipeline-parallel"},
+		{"disaggregated", v1alpha2.LLMInferenceServiceSpec{Prefill: &v1alpha2.WorkloadSpec{}}, "kserve-config-llm-prefill-template kserve-config-llm-decode-template"},
+		{"disaggregated multi-node", v1alpha2.LLMInferenceServiceSpec{WorkloadSpec: v1alpha2.WorkloadSpec{Worker: worker, Parallelism: dp}, Prefill: &v1alpha2.WorkloadSpec{Worker: worker, Parallelism: pp}},
+			"kserve-config-llm-prefill-worker-pipeline-parallel kserve-config-llm-decode-worker-data-parallel"},
+	}
+	for _, c := range cases {
+		if got := strings.Join(r.presetsFor(&c.spec), " "); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// Merging keeps base fields the override leaves unset and merges containers
+// and env by name.
+func TestMergeSpecsOverridesOnlyWhatIsSet(t *testing.T) {
+	base := v1alpha2.LLMInferenceServiceSpec{
+		Model:        v1alpha2.LLMModelSpec{URI: "hf://base/model", Name: ptr.To("base")},
+		WorkloadSpec: v1alpha2.WorkloadSpec{Replicas: ptr.To(int32(2)), Template: &corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "base-image", Env: []corev1.EnvVar{{Name: "A", Value: "1"}, {Name: "B", Value: "1"}}}}}},
+	}
+	override := v1alpha2.LLMInferenceServiceSpec{
+		Model:        v1alpha2.LLMModelSpec{Name: ptr.To("mine")},
+		WorkloadSpec: v1alpha2.WorkloadSpec{Template: &corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Env: []corev1.EnvVar{{Name: "B", Value: "2"}}}, {Name: "sidecar", Image: "s"}}}},
+	}
+	got, err := mergeSpecs(base, override)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Model.URI != "hf://base/model" || *got.Model.Name != "mine" || *got.Replicas != 2 {
+		t.Errorf("model %+v replicas %v", got.Model, got.Replicas)
+	}
+	cs := got.Template.Containers
+	if len(cs) != 2 || cs[0].Image != "base-image" {
+		t.Fatalf("containers %+v", cs)
+	}
+	env := map[string]string{}
+	for _, e := range cs[0].Env {
+		env[e.Name] = e.Value
+	}
+	if env["A"] != "1" || env["B"] != "2" {
+		t.Errorf("env %v", env)
+	}
+}
