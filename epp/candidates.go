@@ -35,7 +35,11 @@ type candidates struct {
 	ds interface {
 		PodList(func(fwkdl.Endpoint) bool) []fwkdl.Endpoint
 	}
-	store *federation.Store
+	// remote holds the peers' endpoints (a *federation.Store); nil without
+	// federation.
+	remote interface {
+		AppendFresh(dst []fwkdl.Endpoint, now time.Time, peer func(cluster string, oldest time.Time)) []fwkdl.Endpoint
+	}
 	// spill reports whether the local endpoints lack headroom; nil means
 	// remote endpoints are always candidates.
 	spill func(local []fwkdl.Endpoint) bool
@@ -54,7 +58,7 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 		}
 	}
 	local := c.ds.PodList(datastore.AllPodsPredicate)
-	if c.store == nil || (c.spill != nil && !c.spill(local)) {
+	if c.remote == nil || (c.spill != nil && !c.spill(local)) {
 		return local
 	}
 	now := c.now()
@@ -64,7 +68,7 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 	if pickFrom(ctx) != nil {
 		observe = func(peer string, oldest time.Time) { federation.ObserveLag(peer, now.Sub(oldest).Seconds()) }
 	}
-	return c.store.AppendFresh(local, now, observe)
+	return c.remote.AppendFresh(local, now, observe)
 }
 
 // subsetHint returns the hinted endpoints when the request carries a hint.

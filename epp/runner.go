@@ -295,8 +295,11 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	if err != nil {
 		return nil, err
 	}
-	cands := &candidates{ds: ds, store: fed.store, disableSubsetHint: opts.DisableEndpointSubsetFilter, now: time.Now,
+	cands := &candidates{ds: ds, disableSubsetHint: opts.DisableEndpointSubsetFilter, now: time.Now,
 		failOpen: poolFailOpen(mgr.GetClient(), gknn.NamespacedName, startCrdReconcilers)}
+	if fed.store != nil {
+		cands.remote = fed.store
+	}
 	if f := spillFilter(handle); f != nil {
 		cands.spill = f.LocalSaturated
 	} else if fed.store != nil {

@@ -1,0 +1,53 @@
+package federation
+
+import (
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func TestParseDirectoryValidatesEntries(t *testing.T) {
+	tests := []struct {
+		name, yaml, wantErr string
+	}{
+		{"minimal", `peers: [{cluster: west, federationAddress: "10.0.0.1:9004", identity: "spiffe://f/west"}]`, ""},
+		{"parent mode with gateway", `peers: [{cluster: west, federationAddress: "a:1", gatewayAddress: "b:2", identity: x, mode: Parent}]`, ""},
+		{"parent mode without gateway", `peers: [{cluster: west, federationAddress: "a:1", identity: x, mode: Parent}]`, "gatewayAddress"},
+		{"unknown mode", `peers: [{cluster: west, federationAddress: "a:1", identity: x, mode: Sideways}]`, "unknown federation mode"},
+		{"no identity", `peers: [{cluster: west, federationAddress: "a:1"}]`, "identity is required"},
+		{"bad address", `peers: [{cluster: west, federationAddress: "nowhere", identity: x}]`, "federationAddress"},
+		{"bad cluster name", `peers: [{cluster: West_1, federationAddress: "a:1", identity: x}]`, "cluster"},
+		{"duplicate", `peers: [{cluster: w, federationAddress: "a:1", identity: x}, {cluster: w, federationAddress: "b:1", identity: y}]`, "twice"},
+		{"unknown field", `peers: [{cluster: w, federationAddres: "a:1", identity: x}]`, "unknown field"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseDirectory([]byte(tc.yaml))
+			if tc.wantErr == "" && err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestDirectoryForSelectsThePoolsPeersButNotItself(t *testing.T) {
+	d, err := ParseDirectory([]byte(`peers:
+- {cluster: east, federationAddress: "a:1", identity: e}
+- {cluster: west, federationAddress: "b:1", identity: w, pool: {namespace: llm, name: llama}}
+- {cluster: central, federationAddress: "c:1", identity: c, pool: {namespace: llm, name: other}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range d.For(types.NamespacedName{Namespace: "llm", Name: "llama"}, "east") {
+		got = append(got, p.Cluster)
+	}
+	if strings.Join(got, ",") != "west" {
+		t.Fatalf("peers %v, want [west]", got)
+	}
+}

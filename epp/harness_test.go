@@ -1,0 +1,207 @@
+package epp
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extProcPb "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datalayer"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
+
+	"github.com/fleetinfer/fleetinfer/epp/federation"
+)
+
+// The harness runs the EPP's request path in process, as the runner wires
+// it (GIE's Director and StreamingServer around fleetinfer's candidates,
+// director and stream wrappers), over fake local and remote endpoints.
+
+type fakeDatastore struct{ local []fwkdl.Endpoint }
+
+func (d *fakeDatastore) PoolGet() (*datalayer.EndpointPool, error) {
+	return &datalayer.EndpointPool{Namespace: "llm", Name: "llama", TargetPorts: []int{8000}}, nil
+}
+func (d *fakeDatastore) ObjectiveGet(string) *v1alpha2.InferenceObjective { return nil }
+func (d *fakeDatastore) ModelRewriteGet(string) (*v1alpha2.InferenceModelRewriteRule, string) {
+	return nil, ""
+}
+func (d *fakeDatastore) PodList(pred func(fwkdl.Endpoint) bool) []fwkdl.Endpoint {
+	var out []fwkdl.Endpoint
+	for _, ep := range d.local {
+		if pred(ep) {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// fakeRemote stands in for the federation store.
+type fakeRemote struct{ eps []fwkdl.Endpoint }
+
+func (r *fakeRemote) AppendFresh(dst []fwkdl.Endpoint, _ time.Time, _ func(string, time.Time)) []fwkdl.Endpoint {
+	return append(dst, r.eps...)
+}
+
+func endpoint(name, addr string, waiting int, origin *federation.Origin) fwkdl.Endpoint {
+	ip, port, _ := strings.Cut(addr, ":")
+	m := fwkdl.NewMetrics()
+	m.WaitingQueueSize, m.UpdateTime = waiting, time.Now()
+	ep := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Namespace: "llm", Name: name},
+		PodName: name, Address: ip, Port: port}, m)
+	if origin != nil {
+		ep.GetAttributes().Put(federation.OriginAttribute, origin)
+	}
+	return ep
+}
+
+var (
+	west    = &federation.Origin{Cluster: "west", Mode: federation.ModeEndpoint}
+	central = &federation.Origin{Cluster: "central", Mode: federation.ModeParent, Gateway: "127.13.0.99:8080"}
+)
+
+const testConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: cross-cluster-filter
+- type: cross-cluster-scorer
+- type: queue-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: cross-cluster-filter
+  - {pluginRef: cross-cluster-scorer, weight: 1}
+  - {pluginRef: queue-scorer, weight: 2}
+dataLayer: {sources: []}
+`
+
+type harness struct {
+	server   extProcPb.ExternalProcessorServer
+	failOpen bool
+}
+
+func newHarness(t testing.TB, local, remote []fwkdl.Endpoint) *harness {
+	t.Helper()
+	RegisterPlugins()
+	raw, _, err := loader.LoadRawConfig([]byte(testConfig), logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := &fakeDatastore{local: local}
+	handle := fwkplugin.NewEppHandle(context.Background(), func() []types.NamespacedName { return nil })
+	cfg, err := loader.InstantiateAndConfigure(raw, handle, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{}
+	cands := &candidates{ds: ds, remote: &fakeRemote{eps: remote}, spill: spillFilter(handle).LocalSaturated,
+		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
+	rc := requestcontrol.NewConfig()
+	rc.AddPlugins(pickRecorder{})
+	rc.AddPlugins(handle.GetAllPlugins()...)
+	parser := handlers.NewParser(cfg.ParserConfig)
+	gie := requestcontrol.NewDirectorWithConfig(ds, scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig),
+		requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, cands), parser, cands, rc)
+	h.server = extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie}, parser)}
+	return h
+}
+
+// fakeStream is the EPP's side of one ext-proc stream.
+type fakeStream struct {
+	grpc.ServerStream
+	ctx  context.Context
+	in   []*extProcPb.ProcessingRequest
+	sent []*extProcPb.ProcessingResponse
+}
+
+func (s *fakeStream) Context() context.Context { return s.ctx }
+func (s *fakeStream) Send(r *extProcPb.ProcessingResponse) error {
+	s.sent = append(s.sent, r)
+	return nil
+}
+func (s *fakeStream) Recv() (*extProcPb.ProcessingRequest, error) {
+	if len(s.in) == 0 {
+		return nil, io.EOF
+	}
+	r := s.in[0]
+	s.in = s.in[1:]
+	return r, nil
+}
+
+// result is what the proxy learns from the EPP about one request.
+type result struct {
+	status   int    // immediate response status, 0 when routed
+	dest     string // x-gateway-destination-endpoint header
+	metadata string // envoy.lb metadata value
+	hint     string // x-gateway-destination-endpoint-subset header
+}
+
+// request sends a POST with body, split in chunks of at most chunk bytes, as
+// Envoy does in FULL_DUPLEX_STREAMED mode, with an optional subset hint.
+func (h *harness) request(t testing.TB, body string, chunk int, hint []string) result {
+	t.Helper()
+	var md *corev3.Metadata
+	if hint != nil {
+		list := make([]any, len(hint))
+		for i, v := range hint {
+			list[i] = v
+		}
+		st, err := structpb.NewStruct(map[string]any{metadata.SubsetFilterKey: list})
+		if err != nil {
+			t.Fatal(err)
+		}
+		md = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{metadata.SubsetFilterNamespace: st}}
+	}
+	msgs := []*extProcPb.ProcessingRequest{{MetadataContext: md, Request: &extProcPb.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extProcPb.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")},
+			{Key: "content-type", RawValue: []byte("application/json")}}}}}}}
+	for i := 0; i == 0 || i < len(body); i += chunk {
+		end := min(i+chunk, len(body))
+		msgs = append(msgs, &extProcPb.ProcessingRequest{MetadataContext: md, Request: &extProcPb.ProcessingRequest_RequestBody{
+			RequestBody: &extProcPb.HttpBody{Body: []byte(body[i:end]), EndOfStream: end == len(body)}}})
+	}
+	s := &fakeStream{ctx: context.Background(), in: msgs}
+	if err := h.server.Process(s); err != nil {
+		t.Fatalf("Process: %v", err)
+	}
+	var r result
+	for _, resp := range s.sent {
+		if im := resp.GetImmediateResponse(); im != nil {
+			r.status = int(im.GetStatus().GetCode())
+		}
+		hr := resp.GetRequestHeaders()
+		if hr == nil {
+			continue
+		}
+		for _, hv := range hr.GetResponse().GetHeaderMutation().GetSetHeaders() {
+			switch hv.GetHeader().GetKey() {
+			case metadata.DestinationEndpointKey:
+				r.dest = string(hv.GetHeader().GetRawValue())
+			case metadata.SubsetFilterKey:
+				r.hint = string(hv.GetHeader().GetRawValue())
+			}
+		}
+		r.metadata = resp.GetDynamicMetadata().GetFields()[metadata.DestinationEndpointNamespace].GetStructValue().
+			GetFields()[metadata.DestinationEndpointKey].GetStringValue()
+	}
+	return r
+}
+
+func completion(prompt string) string {
+	return fmt.Sprintf(`{"model":"llama","prompt":%q,"max_tokens":8}`, prompt)
+}

@@ -1,0 +1,79 @@
+package epp
+
+import (
+	"testing"
+
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+)
+
+func TestRequestPath(t *testing.T) {
+	idle := endpoint("a", "127.11.0.1:8000", 0, nil)
+	busy := endpoint("b", "127.11.0.2:8000", 9, nil)
+	rank1 := endpoint("a-rank-1", "127.11.0.1:8001", 4, nil)
+	remoteIdle := endpoint("r@west", "127.12.0.1:8000", 0, west)
+	parentIdle := endpoint("p@central", "127.13.0.1:8000", 0, central)
+	tests := []struct {
+		name          string
+		local, remote []fwkdl.Endpoint
+		body          string
+		hint          []string
+		failOpen      bool
+		want          result
+	}{{
+		name:  "local pick with header and envoy.lb metadata",
+		local: []fwkdl.Endpoint{idle, busy}, remote: []fwkdl.Endpoint{remoteIdle},
+		want: result{dest: "127.11.0.1:8000", metadata: "127.11.0.1:8000"},
+	}, {
+		name:  "no spill while a local endpoint has headroom",
+		local: []fwkdl.Endpoint{busy, endpoint("c", "127.11.0.3:8000", 3, nil)}, remote: []fwkdl.Endpoint{remoteIdle},
+		want: result{dest: "127.11.0.3:8000", metadata: "127.11.0.3:8000"},
+	}, {
+		name:  "spill to a remote endpoint (Endpoint mode) when local ones are saturated",
+		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{remoteIdle},
+		want: result{dest: "127.12.0.1:8000", metadata: "127.12.0.1:8000"},
+	}, {
+		name:  "Parent mode sends to the remote gateway with the pod as subset hint",
+		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{parentIdle},
+		want: result{dest: "127.13.0.99:8080", metadata: "127.13.0.99:8080", hint: "127.13.0.1:8000"},
+	}, {
+		name:  "remote endpoints without headroom do not take a spill",
+		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{endpoint("r@west", "127.12.0.1:8000", 20, west)},
+		want: result{dest: "127.11.0.2:8000", metadata: "127.11.0.2:8000"},
+	}, {
+		name:  "subset hint matches IP and port",
+		local: []fwkdl.Endpoint{idle, rank1}, hint: []string{"127.11.0.1:8001"},
+		want: result{dest: "127.11.0.1:8001", metadata: "127.11.0.1:8001"},
+	}, {
+		name:  "a hinted request never leaves the cluster",
+		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{remoteIdle}, hint: []string{"127.11.0.2:8000"},
+		want: result{dest: "127.11.0.2:8000", metadata: "127.11.0.2:8000"},
+	}, {
+		name:  "hinted pod gone: own pick when the pool fails open",
+		local: []fwkdl.Endpoint{idle, busy}, hint: []string{"127.11.0.9:8000"}, failOpen: true,
+		want: result{dest: "127.11.0.1:8000", metadata: "127.11.0.1:8000"},
+	}, {
+		name:  "hinted pod gone: 503 when the pool fails closed",
+		local: []fwkdl.Endpoint{idle, busy}, hint: []string{"127.11.0.9:8000"},
+		want: result{status: 503},
+	}, {
+		name:  "invalid JSON is a bad request",
+		local: []fwkdl.Endpoint{idle}, body: `{"model": "llama", "prompt": `,
+		want: result{status: 400},
+	}, {
+		name: "no endpoints anywhere is unavailable",
+		want: result{status: 503},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.local, tc.remote)
+			h.failOpen = tc.failOpen
+			body := tc.body
+			if body == "" {
+				body = completion("Hello from the fleet")
+			}
+			if got := h.request(t, body, 7, tc.hint); got != tc.want {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
