@@ -19,8 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
-	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
+	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 )
 
 var testPool = types.NamespacedName{Namespace: "llm", Name: "llama"}
