@@ -23,6 +23,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
 	"github.com/fleetinfer/fleetinfer/e2e/binaries"
 	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
+	"github.com/fleetinfer/fleetinfer/e2e/gateway"
 	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
 	"github.com/fleetinfer/fleetinfer/e2e/process"
 )
@@ -56,7 +57,10 @@ type Options struct {
 	AvailabilityGrace time.Duration
 	// StatusInterval is how often a spoke's registration status is refreshed.
 	StatusInterval time.Duration
-	Log            logr.Logger
+	// NoGateways skips the local gateway (package gateway) each spoke
+	// otherwise gets, with its GatewayClass and Gateway.
+	NoGateways bool
+	Log        logr.Logger
 }
 
 // Cluster is one member of the fleet.
@@ -67,6 +71,9 @@ type Cluster struct {
 	Clientset kubernetes.Interface
 	// Kubelet runs the spoke's pods; nil on the hub.
 	Kubelet *kubelet.Kubelet
+	// Gateway serves the spoke's Gateway (see gateways.go); nil on the hub
+	// and with Options.NoGateways.
+	Gateway *gateway.Gateway
 	Spec    SpokeSpec
 }
 
@@ -161,6 +168,9 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	g, gctx = errgroup.WithContext(ctx)
 	for i, s := range f.Spokes {
 		g.Go(func() error { return f.startKubelet(gctx, s, i) })
+	}
+	if !opts.NoGateways {
+		g.Go(func() error { return f.startGateways(gctx) })
 	}
 	if err := g.Wait(); err != nil {
 		return f, err
@@ -272,6 +282,7 @@ func (f *Fleet) Stop() {
 			f.cancel()
 		}
 		f.agents.Wait()
+		f.stopGateways()
 		var wg sync.WaitGroup
 		for _, s := range f.Spokes {
 			if s != nil && s.Kubelet != nil {

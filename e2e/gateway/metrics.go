@@ -1,0 +1,67 @@
+package gateway
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the gateway's Prometheus series. Every gateway has its own
+// registry, without process collectors: the local fleet runs several
+// gateways in one process.
+type metrics struct {
+	registry *prometheus.Registry
+	// requests counts answered requests by listener (public or peer), route
+	// ("namespace/name", "" when none matched), backend and status code.
+	requests *prometheus.CounterVec
+	// duration is the whole request at the gateway, to the last byte.
+	duration *prometheus.HistogramVec
+	// upstreamHeaders is the time from sending to an upstream until its
+	// response headers: time to first token for a streamed completion.
+	upstreamHeaders *prometheus.HistogramVec
+	// upstreamDuration is the time from sending to an upstream until the
+	// last byte of its response.
+	upstreamDuration *prometheus.HistogramVec
+	// pick is the endpoint picker's answer time (request headers sent to
+	// their answer) by pool and outcome: picked, immediate_response, error.
+	pick *prometheus.HistogramVec
+	// failOpen counts requests sent to a random pod because the picker
+	// failed and the pool is FailOpen.
+	failOpen *prometheus.CounterVec
+	// fallbacks counts connection failures that moved a request on to the
+	// next endpoint the picker listed.
+	fallbacks *prometheus.CounterVec
+	// destinations counts picks by where they led: local, remote_endpoint
+	// (endpoint mode) or remote_gateway (parent mode).
+	destinations *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	fast := prometheus.ExponentialBuckets(0.0001, 2, 17) // 0.1 ms to 6.5 s
+	slow := prometheus.ExponentialBuckets(0.001, 2, 17)  // 1 ms to 65 s
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_requests_total",
+			Help: "Requests answered, by listener, HTTPRoute, backend and HTTP status code."},
+			[]string{"listener", "route", "backend", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fleetinfer_gateway_request_duration_seconds",
+			Help: "Time from receiving a request to sending the last byte of its response.", Buckets: slow},
+			[]string{"listener", "route", "backend"}),
+		upstreamHeaders: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fleetinfer_gateway_upstream_response_header_duration_seconds",
+			Help: "Time from sending a request upstream to receiving the response headers.", Buckets: slow},
+			[]string{"backend"}),
+		upstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fleetinfer_gateway_upstream_request_duration_seconds",
+			Help: "Time from sending a request upstream to receiving the last byte of the response.", Buckets: slow},
+			[]string{"backend"}),
+		pick: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fleetinfer_gateway_epp_pick_duration_seconds",
+			Help: "Time from sending the request headers to the endpoint picker to its answer.", Buckets: fast},
+			[]string{"pool", "outcome"}),
+		failOpen: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_epp_fail_open_total",
+			Help: "Requests sent to a random ready pod because the endpoint picker failed and the pool fails open."},
+			[]string{"pool"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_upstream_fallbacks_total",
+			Help: "Upstream connection failures after which the next endpoint the picker listed was tried."},
+			[]string{"backend"}),
+		destinations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_epp_destinations_total",
+			Help: "Endpoint picker destinations used, by kind: local, remote_endpoint, remote_gateway."},
+			[]string{"pool", "kind"}),
+	}
+	m.registry.MustRegister(m.requests, m.duration, m.upstreamHeaders, m.upstreamDuration, m.pick, m.failOpen, m.fallbacks, m.destinations)
+	return m
+}

@@ -1,0 +1,712 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/e2e/gateway"
+	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
+)
+
+// The gateway tests share one inference stack in the first spoke, built on
+// first use: GIE's endpoint picker (bin/epp, run by the kubelet as a pod with
+// its own ServiceAccount) in front of real model-server simulators.
+//
+//   - pool "llm": pods llm-a and llm-b, picker "llm-epp" (FailClose);
+//   - pool "fallback": pod spare, which serves, and pod broken, which is
+//     Ready but has nothing listening on the pool's target port; picker
+//     "fallback-epp";
+//   - pool "headless": llm-a and llm-b behind a picker Service that selects
+//     no pod, for the failure modes.
+//
+// Both pickers list two endpoints (primary and fallback) and run GIE's
+// destination-endpoint-served-verifier, which echoes the served endpoint the
+// gateway reports in ext-proc metadata as response header
+// x-conformance-test-served-endpoint.
+var (
+	gwStackOnce sync.Once
+	gwStack     *inferenceStack
+	gwStackErr  error
+)
+
+type inferenceStack struct {
+	spoke   *fleet.Cluster
+	ns      string
+	llmPods []corev1.Pod // llm-a, llm-b
+	llmEPP  string       // ip:port of the llm pool's picker
+	spare   corev1.Pod
+	broken  corev1.Pod
+}
+
+const (
+	gwServedHeader = "X-Conformance-Test-Served-Endpoint"
+	gwPodHeader    = "X-Inference-Pod"
+	gwModel        = "opt-125m"
+	// gwPort is the model servers' port and the pools' target port.
+	gwPort = 8000
+)
+
+func gatewayStack(t *testing.T) *inferenceStack {
+	t.Helper()
+	gwStackOnce.Do(func() {
+		began := time.Now()
+		gwStack, gwStackErr = newInferenceStack(context.Background(), fl.Spokes[0])
+		if gwStackErr == nil {
+			fmt.Printf("gateway inference stack (2 pickers, 4 model servers) ready in %.1fs\n", time.Since(began).Seconds())
+		}
+	})
+	if gwStackErr != nil {
+		t.Fatalf("inference stack: %v", gwStackErr)
+	}
+	return gwStack
+}
+
+func newInferenceStack(ctx context.Context, spoke *fleet.Cluster) (*inferenceStack, error) {
+	s := &inferenceStack{spoke: spoke, ns: fmt.Sprintf("gateway-e2e-%d", time.Now().UnixNano()%100000)}
+	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}}
+	objs = append(objs, gwEPPRBAC(s.ns)...)
+	objs = append(objs,
+		gwModelServer(s.ns, "llm-a", gwPort, map[string]string{"pool": "llm"}),
+		gwModelServer(s.ns, "llm-b", gwPort, map[string]string{"pool": "llm"}),
+		gwModelServer(s.ns, "spare", gwPort, map[string]string{"pool": "fallback"}),
+		// broken serves on 8001 and is Ready by its probe there, but the
+		// pool sends to 8000, where connections are refused.
+		gwModelServer(s.ns, "broken", gwPort+1, map[string]string{"pool": "fallback"}),
+	)
+	objs = append(objs, gwEndpointPicker(s.ns, "llm-epp", "llm")...)
+	objs = append(objs, gwEndpointPicker(s.ns, "fallback-epp", "fallback")...)
+	objs = append(objs,
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "headless-epp", Namespace: s.ns}, Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "no-such-picker"},
+			Ports:    []corev1.ServicePort{{Name: "grpc", Port: 9002, TargetPort: intstrFromString("grpc")}},
+		}},
+		gwInferencePool(s.ns, "llm", "llm", "llm-epp", inferencev1.EndpointPickerFailClose),
+		gwInferencePool(s.ns, "fallback", "fallback", "fallback-epp", inferencev1.EndpointPickerFailClose),
+		gwInferencePool(s.ns, "headless", "llm", "headless-epp", inferencev1.EndpointPickerFailOpen),
+	)
+	for _, o := range objs {
+		if err := spoke.Client.Create(ctx, o); err != nil {
+			return nil, fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	pods := map[string]corev1.Pod{}
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	for {
+		var list corev1.PodList
+		if err := spoke.Client.List(ctx, &list, client.InNamespace(s.ns)); err != nil {
+			return nil, err
+		}
+		for _, p := range list.Items {
+			if gwPodReady(&p) {
+				pods[p.Labels["app"]] = p
+			}
+		}
+		if len(pods) == 6 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("ready pods after 90s: %v of 6", slices.Sorted(maps.Keys(pods)))
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	s.llmPods = []corev1.Pod{pods["llm-a"], pods["llm-b"]}
+	s.spare, s.broken = pods["spare"], pods["broken"]
+	s.llmEPP = net.JoinHostPort(pods["llm-epp"].Status.PodIP, "9002")
+	return s, nil
+}
+
+func gwPodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// gwModelServer is a one-pod vLLM Deployment serving on port.
+func gwModelServer(ns, name string, port int32, extra map[string]string) *appsv1.Deployment {
+	d := vllmDeployment(ns, name, 1)
+	for k, v := range extra {
+		d.Spec.Template.Labels[k] = v
+	}
+	c := &d.Spec.Template.Spec.Containers[0]
+	for i, a := range c.Args {
+		if a == "--port" {
+			c.Args[i+1] = fmt.Sprint(port)
+		}
+	}
+	c.Ports[0].ContainerPort = port
+	// Tokens 10 ms apart, so that a streamed completion arrives over time.
+	c.Env = []corev1.EnvVar{{Name: "FLEETINFER_SIM_ARGS", Value: "--time-to-first-token=20ms --inter-token-latency=10ms"}}
+	return d
+}
+
+// gwEPPConfig is GIE's default scoring without the prefix cache (whose
+// affinity would make picks of identical prompts sticky), two endpoints per
+// pick, and the served-endpoint verifier.
+const gwEPPConfig = `{"apiVersion":"inference.networking.x-k8s.io/v1alpha1","kind":"EndpointPickerConfig",` +
+	`"plugins":[{"type":"queue-scorer"},{"type":"kv-cache-utilization-scorer"},{"type":"destination-endpoint-served-verifier"},` +
+	`{"name":"picker","type":"max-score-picker","parameters":{"maxNumOfEndpoints":2}}],` +
+	`"schedulingProfiles":[{"name":"default","plugins":[{"pluginRef":"queue-scorer"},{"pluginRef":"kv-cache-utilization-scorer"},{"pluginRef":"picker"}]}]}`
+
+// endpointPicker is GIE's EPP for one pool as its Helm chart deploys it.
+func gwEndpointPicker(ns, name, pool string) []client.Object {
+	labels := map[string]string{"app": name}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(int32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{ServiceAccountName: "epp", Containers: []corev1.Container{{
+					Name:  "epp",
+					Image: "ghcr.io/fleetinfer/epp:dev",
+					Args: []string{"--pool-name=" + pool, "--pool-namespace=" + ns, "--grpc-port=9002", "--grpc-health-port=9003",
+						"--metrics-port=9090", "--secure-serving=false", "--tracing=false", "--metrics-endpoint-auth=false",
+						"--enable-pprof=false", "--refresh-metrics-interval=100ms", "--config-text=" + gwEPPConfig},
+					Ports: []corev1.ContainerPort{{Name: "grpc", ContainerPort: 9002}, {Name: "grpc-health", ContainerPort: 9003}, {Name: "metrics", ContainerPort: 9090}},
+					ReadinessProbe: &corev1.Probe{PeriodSeconds: 2, ProbeHandler: corev1.ProbeHandler{
+						GRPC: &corev1.GRPCAction{Port: 9003, Service: ptr.To("envoy.service.ext_proc.v3.ExternalProcessor")}}},
+				}}},
+			},
+		},
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "grpc", Port: 9002, TargetPort: intstrFromString("grpc")}}},
+	}
+	return []client.Object{dep, svc}
+}
+
+// gwEPPRBAC is what GIE's chart grants the picker: read its pool, the pods
+// and the objectives and rewrites.
+func gwEPPRBAC(ns string) []client.Object {
+	return []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "epp", Namespace: ns}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "epp", Namespace: ns}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"inference.networking.x-k8s.io"}, Resources: []string{"inferenceobjectives", "inferencemodelrewrites"}, Verbs: []string{"get", "list", "watch"}},
+		}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "epp", Namespace: ns},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "epp"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "epp", Namespace: ns}}},
+	}
+}
+
+func gwInferencePool(ns, name, selectPool, epp string, mode inferencev1.EndpointPickerFailureMode) *inferencev1.InferencePool {
+	sel := map[inferencev1.LabelKey]inferencev1.LabelValue{"pool": inferencev1.LabelValue(selectPool)}
+	return &inferencev1.InferencePool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: inferencev1.InferencePoolSpec{
+			Selector:    inferencev1.LabelSelector{MatchLabels: sel},
+			TargetPorts: []inferencev1.Port{{Number: gwPort}},
+			EndpointPickerRef: inferencev1.EndpointPickerRef{Name: inferencev1.ObjectName(epp),
+				Port: &inferencev1.Port{Number: 9002}, FailureMode: mode},
+		},
+	}
+}
+
+// route is an HTTPRoute on the spoke's Gateway for one hostname, so that
+// every test has its own virtual host.
+func gwRoute(ns, name, host string, rules ...gatewayv1.HTTPRouteRule) *gatewayv1.HTTPRoute {
+	return &gatewayv1.HTTPRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: gatewayv1.HTTPRouteSpec{
+			CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{{
+				Namespace: ptr.To(gatewayv1.Namespace(fleet.Namespace)), Name: fleet.GatewayName}}},
+			Hostnames: []gatewayv1.Hostname{gatewayv1.Hostname(host)},
+			Rules:     rules,
+		},
+	}
+}
+
+func gwPoolBackend(name string) []gatewayv1.HTTPBackendRef {
+	return []gatewayv1.HTTPBackendRef{{BackendRef: gatewayv1.BackendRef{BackendObjectReference: gatewayv1.BackendObjectReference{
+		Group: ptr.To(gatewayv1.Group(inferencev1.GroupName)), Kind: ptr.To(gatewayv1.Kind("InferencePool")), Name: gatewayv1.ObjectName(name)}}}}
+}
+
+func gwPrefixMatch(p string) []gatewayv1.HTTPRouteMatch {
+	return []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchPathPrefix), Value: ptr.To(p)}}}
+}
+
+// gwCreateRoute creates r and waits until the Gateway accepted it and the
+// gateway serves it.
+func gwCreateRoute(t *testing.T, s *inferenceStack, r *gatewayv1.HTTPRoute) {
+	t.Helper()
+	if err := s.spoke.Client.Create(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "route accepted", func(ctx context.Context) error {
+		if err := s.spoke.Client.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
+			return err
+		}
+		for _, p := range r.Status.Parents {
+			if c := meta.FindStatusCondition(p.Conditions, string(gatewayv1.RouteConditionAccepted)); c != nil && c.ObservedGeneration == r.Generation {
+				return nil
+			}
+		}
+		return fmt.Errorf("parents %+v", r.Status.Parents)
+	})
+}
+
+func gwCompletion(prompt string, stream bool, maxTokens int) []byte {
+	b, _ := json.Marshal(map[string]any{"model": gwModel, "prompt": prompt, "max_tokens": maxTokens, "ignore_eos": true, "stream": stream})
+	return b
+}
+
+var gwHTTPClient = &http.Client{Timeout: 30 * time.Second}
+
+// post sends body to base+path with the given Host and extra headers.
+func gwPost(t *testing.T, base, host, path string, body []byte, hdr map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := gwHTTPClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+func (s *inferenceStack) llmEndpoints() []string {
+	var out []string
+	for _, p := range s.llmPods {
+		out = append(out, net.JoinHostPort(p.Status.PodIP, fmt.Sprint(gwPort)))
+	}
+	return out
+}
+
+// The ext-proc client speaks to GIE's picker as Envoy does: the request
+// headers and a body sent in several chunks get a pick whose header and
+// envoy.lb metadata agree, listing both pool endpoints (primary first), and
+// the body back as streamed mutations; a subset hint confines the pick, and
+// an empty one is refused with 503.
+func TestExtProcPickAgreesInHeaderAndMetadataAndHonoursSubset(t *testing.T) {
+	s := gatewayStack(t)
+	c, err := extproc.Dial(s.llmEPP, extproc.WithChunkSize(40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	body := gwCompletion("The ext-proc client sends this prompt in several chunks to the endpoint picker.", false, 4)
+	req := func(subset []string) *extproc.Request {
+		return &extproc.Request{Method: http.MethodPost, Path: "/v1/completions", Authority: "epp.test",
+			Header: http.Header{"Content-Type": {"application/json"}, "Content-Length": {fmt.Sprint(len(body))}},
+			Body:   bytes.NewReader(body), Subset: subset}
+	}
+	var p *extproc.Pick
+	eventually(t, 20*time.Second, "picker picks", func(ctx context.Context) error {
+		var err error
+		if p, err = c.Pick(ctx, req(nil)); err != nil {
+			return err
+		}
+		if p.Immediate != nil {
+			return p.Immediate
+		}
+		return nil
+	})
+	lb, _ := p.DynamicMetadata.AsMap()[extproc.LBNamespace].(map[string]any)
+	if lb[extproc.DestinationHeader] != p.Destination || p.Header.Get(extproc.DestinationHeader) != p.Destination {
+		t.Errorf("header %q and metadata %v disagree", p.Header.Get(extproc.DestinationHeader), lb)
+	}
+	want := s.llmEndpoints()
+	if len(p.Endpoints) != 2 || !slices.Contains(want, p.Endpoints[0]) || !slices.Contains(want, p.Endpoints[1]) || p.Endpoints[0] == p.Endpoints[1] {
+		t.Errorf("endpoints %v, want both of %v", p.Endpoints, want)
+	}
+	var sent, got map[string]any
+	_ = json.Unmarshal(body, &sent)
+	if err := json.Unmarshal(p.Body, &got); err != nil || fmt.Sprint(got) != fmt.Sprint(sent) {
+		t.Errorf("body after mutation %q, want %s", p.Body, body)
+	}
+	if !p.ClearRouteCache || p.BodyChunks < 1 || p.Latency <= 0 || p.LatencyAfterBody > p.Latency {
+		t.Errorf("clear_route_cache %v, body chunks %d, latency %s after body %s", p.ClearRouteCache, p.BodyChunks, p.Latency, p.LatencyAfterBody)
+	}
+	t.Logf("pick %s (after body %s), %d body bytes sent in %d-byte chunks, returned in %d chunk(s)",
+		p.Latency, p.LatencyAfterBody, len(body), 40, p.BodyChunks)
+
+	for _, only := range want {
+		for range 4 {
+			p, err := c.Pick(ctx, req([]string{only}))
+			if err != nil || p.Immediate != nil || p.Primary() != only {
+				t.Fatalf("subset %s: pick %+v, err %v", only, p, err)
+			}
+		}
+	}
+	p, err = c.Pick(ctx, req([]string{}))
+	if err != nil || p.Immediate == nil || p.Immediate.Status != http.StatusServiceUnavailable {
+		t.Fatalf("empty subset: pick %+v, err %v; want an immediate 503", p, err)
+	}
+}
+
+// The whole exchange: the picked endpoint's streamed response passes through
+// the picker chunk by chunk, and the endpoint the gateway reports as served
+// (ext-proc metadata in the response phase) reaches the picker.
+func TestExtProcExchangeStreamsResponseAndReportsServedEndpoint(t *testing.T) {
+	s := gatewayStack(t)
+	c, err := extproc.Dial(s.llmEPP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := gwCompletion("Stream me through the picker.", true, 12)
+	ex, err := c.Start(context.Background(), &extproc.Request{Method: http.MethodPost, Path: "/v1/completions", Authority: "epp.test",
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: bytes.NewReader(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ex.Close()
+	p := ex.Pick()
+	if p.Immediate != nil {
+		t.Fatal(p.Immediate)
+	}
+	resp, err := http.Post("http://"+p.Primary()+p.Path, "application/json", bytes.NewReader(p.Body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var status int
+	var hdr http.Header
+	var chunks [][]byte
+	err = ex.Respond(&extproc.Response{Status: resp.StatusCode, Header: resp.Header, Body: resp.Body, Served: p.Primary()}, extproc.Sink{
+		Headers: func(code int, h http.Header) error { status, hdr = code, h; return nil },
+		Body:    func(b []byte) error { chunks = append(chunks, append([]byte(nil), b...)); return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusOK || hdr.Get(gwServedHeader) != p.Primary() || hdr.Get("X-Went-Into-Resp-Headers") != "true" {
+		t.Errorf("status %d, served %q (want %s), headers %v", status, hdr.Get(gwServedHeader), p.Primary(), hdr)
+	}
+	all := bytes.Join(chunks, nil)
+	if len(chunks) < 3 || !bytes.Contains(all, []byte("data: [DONE]")) {
+		t.Errorf("%d chunks released: %q", len(chunks), all)
+	}
+	t.Logf("%d SSE chunks released one by one, %d bytes", len(chunks), len(all))
+}
+
+// A completion through the gateway: the route's InferencePool backend asks
+// the picker, forwards the mutated request to the picked pod, and returns
+// the answer through the picker; a streamed completion reaches the client
+// event by event while tokens are generated.
+func TestGatewayServesCompletionsThroughPickerStreamingSSE(t *testing.T) {
+	s := gatewayStack(t)
+	const host = "completions.gateway.test"
+	gwCreateRoute(t, s, gwRoute(s.ns, "completions", host, gatewayv1.HTTPRouteRule{Matches: gwPrefixMatch("/v1"), BackendRefs: gwPoolBackend("llm")}))
+	base := s.spoke.GatewayURL()
+
+	resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion("Hello through the gateway", false, 8), nil)
+	var out struct {
+		Choices []struct{ Text string } `json:"choices"`
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &out) != nil || len(out.Choices) == 0 {
+		t.Fatalf("completion: %s %s", resp.Status, b)
+	}
+	served := resp.Header.Get(gwServedHeader)
+	if !slices.Contains(s.llmEndpoints(), served) || served != gwEndpointOf(s, resp.Header.Get(gwPodHeader)) {
+		t.Errorf("served endpoint %q, pod %q; want one of %v", served, resp.Header.Get(gwPodHeader), s.llmEndpoints())
+	}
+
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", bytes.NewReader(gwCompletion("Stream through the gateway", true, 16)))
+	req.Host = host
+	began := time.Now()
+	sresp, err := gwHTTPClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sresp.Body.Close()
+	if sresp.StatusCode != http.StatusOK || !strings.HasPrefix(sresp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("stream: %s %v", sresp.Status, sresp.Header)
+	}
+	var arrivals []time.Duration
+	sc := bufio.NewScanner(sresp.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			arrivals = append(arrivals, time.Since(began))
+		}
+	}
+	if len(arrivals) < 8 {
+		t.Fatalf("%d SSE events", len(arrivals))
+	}
+	// 16 tokens 10 ms apart: the events must arrive spread over time, not
+	// in one buffered burst at the end.
+	if spread := arrivals[len(arrivals)-1] - arrivals[0]; spread < 75*time.Millisecond {
+		t.Errorf("SSE events arrived within %s of each other: %v", spread, arrivals)
+	}
+	t.Logf("%d SSE events, first after %s, last after %s", len(arrivals), arrivals[0], arrivals[len(arrivals)-1])
+}
+
+func gwEndpointOf(s *inferenceStack, pod string) string {
+	for _, p := range append(s.llmPods, s.spare, s.broken) {
+		if p.Name == pod {
+			return net.JoinHostPort(p.Status.PodIP, fmt.Sprint(gwPort))
+		}
+	}
+	return ""
+}
+
+// An HTTPRoute with a URLRewrite is programmed as KServe's routes are: the
+// gateway rewrites /<ns>/<name>/v1/... to /v1/... and reports the route's
+// parents Accepted and ResolvedRefs for its generation, the pool's parent
+// entry for the Gateway, and the Gateway Programmed at its address. A rule
+// whose backend is missing is reported and answers 500; an unrouted path 404.
+func TestGatewayRewritesPathAndProgramsRouteAndPoolStatus(t *testing.T) {
+	s := gatewayStack(t)
+	ctx := context.Background()
+	const host = "rewrite.gateway.test"
+	prefix := "/" + s.ns + "/llm/v1"
+	r := gwRoute(s.ns, "rewrite", host,
+		gatewayv1.HTTPRouteRule{Matches: gwPrefixMatch(prefix), BackendRefs: gwPoolBackend("llm"), Filters: []gatewayv1.HTTPRouteFilter{{
+			Type: gatewayv1.HTTPRouteFilterURLRewrite, URLRewrite: &gatewayv1.HTTPURLRewriteFilter{Path: &gatewayv1.HTTPPathModifier{
+				Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/v1")}}}}},
+		gatewayv1.HTTPRouteRule{Matches: gwPrefixMatch("/missing"), BackendRefs: gwPoolBackend("no-such-pool")},
+	)
+	gwCreateRoute(t, s, r)
+	base := s.spoke.GatewayURL()
+
+	resp, b := gwPost(t, base, host, prefix+"/completions", gwCompletion("rewritten", false, 4), nil)
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(b, []byte(`"choices"`)) {
+		t.Fatalf("rewritten completion: %s %s", resp.Status, b)
+	}
+	if resp, b := gwPost(t, base, host, "/missing/v1/completions", gwCompletion("x", false, 1), nil); resp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("missing backend: %s %s, want 500", resp.Status, b)
+	}
+	if resp, b := gwPost(t, base, host, "/elsewhere", nil, nil); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unrouted path: %s %s, want 404", resp.Status, b)
+	}
+
+	if err := s.spoke.Client.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Status.Parents) != 1 || r.Status.Parents[0].ControllerName != gateway.ControllerName {
+		t.Fatalf("route parents %+v", r.Status.Parents)
+	}
+	conds := r.Status.Parents[0].Conditions
+	accepted := meta.FindStatusCondition(conds, string(gatewayv1.RouteConditionAccepted))
+	resolved := meta.FindStatusCondition(conds, string(gatewayv1.RouteConditionResolvedRefs))
+	if accepted == nil || accepted.Status != metav1.ConditionTrue || accepted.ObservedGeneration != r.Generation ||
+		resolved == nil || resolved.Status != metav1.ConditionFalse || resolved.Reason != string(gatewayv1.RouteReasonBackendNotFound) {
+		t.Errorf("route conditions %+v; want Accepted and ResolvedRefs=False/BackendNotFound for generation %d", conds, r.Generation)
+	}
+
+	// Without the broken rule, every reference resolves.
+	r.Spec.Rules = r.Spec.Rules[:1]
+	if err := s.spoke.Client.Update(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "ResolvedRefs for the new generation", func(ctx context.Context) error {
+		if err := s.spoke.Client.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(r.Status.Parents[0].Conditions, string(gatewayv1.RouteConditionResolvedRefs))
+		if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != r.Generation {
+			return fmt.Errorf("ResolvedRefs %+v at generation %d", c, r.Generation)
+		}
+		return nil
+	})
+
+	var pool inferencev1.InferencePool
+	if err := s.spoke.Client.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: "llm"}, &pool); err != nil {
+		t.Fatal(err)
+	}
+	var entry *inferencev1.ParentStatus
+	for i, p := range pool.Status.Parents {
+		if p.ParentRef.Kind == "Gateway" && string(p.ParentRef.Name) == fleet.GatewayName && string(p.ParentRef.Namespace) == fleet.Namespace {
+			entry = &pool.Status.Parents[i]
+		}
+	}
+	if entry == nil || !meta.IsStatusConditionTrue(entry.Conditions, string(inferencev1.InferencePoolConditionAccepted)) ||
+		!meta.IsStatusConditionTrue(entry.Conditions, string(inferencev1.InferencePoolConditionResolvedRefs)) {
+		t.Errorf("pool parents %+v; want the Gateway's entry Accepted and ResolvedRefs", pool.Status.Parents)
+	}
+
+	var gw gatewayv1.Gateway
+	if err := s.spoke.Client.Get(ctx, client.ObjectKey{Namespace: fleet.Namespace, Name: fleet.GatewayName}, &gw); err != nil {
+		t.Fatal(err)
+	}
+	addr := fleet.GatewayAddress(0).String()
+	if !meta.IsStatusConditionTrue(gw.Status.Conditions, string(gatewayv1.GatewayConditionProgrammed)) ||
+		len(gw.Status.Addresses) != 1 || gw.Status.Addresses[0].Value != addr || len(gw.Status.Listeners) != 1 || gw.Status.Listeners[0].AttachedRoutes < 2 {
+		t.Errorf("gateway status %+v; want Programmed at %s with the test routes attached", gw.Status, addr)
+	}
+}
+
+// The pool's failureMode decides when its picker is down (its Service has no
+// ready pod): FailOpen serves from a random ready pod of the pool, FailClose
+// answers 503.
+func TestGatewayFailsOpenOrClosedWhenPickerIsDown(t *testing.T) {
+	s := gatewayStack(t)
+	ctx := context.Background()
+	const host = "failure-mode.gateway.test"
+	gwCreateRoute(t, s, gwRoute(s.ns, "failure-mode", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("headless")}))
+	base := s.spoke.GatewayURL()
+	before := gwMetricSum(t, s.spoke, "fleetinfer_gateway_epp_fail_open_total", nil)
+
+	for range 3 {
+		resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion("fail open", false, 2), nil)
+		if resp.StatusCode != http.StatusOK || gwEndpointOf(s, resp.Header.Get(gwPodHeader)) == "" {
+			t.Fatalf("FailOpen: %s %s (pod %q)", resp.Status, b, resp.Header.Get(gwPodHeader))
+		}
+	}
+	if after := gwMetricSum(t, s.spoke, "fleetinfer_gateway_epp_fail_open_total", nil); after-before != 3 {
+		t.Errorf("fail-open count rose by %v, want 3", after-before)
+	}
+
+	var pool inferencev1.InferencePool
+	if err := s.spoke.Client.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: "headless"}, &pool); err != nil {
+		t.Fatal(err)
+	}
+	pool.Spec.EndpointPickerRef.FailureMode = inferencev1.EndpointPickerFailClose
+	if err := s.spoke.Client.Update(ctx, &pool); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "FailClose answers 503", func(context.Context) error {
+		resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion("fail closed", false, 2), nil)
+		if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Contains(b, []byte("endpoint picker unavailable")) {
+			return fmt.Errorf("%s %s", resp.Status, b)
+		}
+		return nil
+	})
+}
+
+// The picker lists a primary and a fallback endpoint; when the primary
+// refuses connections the gateway serves from the next one, and the
+// served-endpoint metadata names the pod that actually answered.
+func TestGatewayFallsBackWhenFirstEndpointRefusesConnections(t *testing.T) {
+	s := gatewayStack(t)
+	const host = "fallback.gateway.test"
+	gwCreateRoute(t, s, gwRoute(s.ns, "fallback", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("fallback")}))
+	base := s.spoke.GatewayURL()
+	before := gwMetricSum(t, s.spoke, "fleetinfer_gateway_upstream_fallbacks_total", nil)
+	spare := net.JoinHostPort(s.spare.Status.PodIP, fmt.Sprint(gwPort))
+	// The picker orders the two idle endpoints at random: 16 requests put
+	// the broken one first about 8 times (all 16 the other way round: 1 in
+	// 65,536).
+	for i := range 16 {
+		resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion(fmt.Sprintf("fallback %d", i), false, 2), nil)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(gwPodHeader) != s.spare.Name || resp.Header.Get(gwServedHeader) != spare {
+			t.Fatalf("request %d: %s from pod %q, served %q: %s", i, resp.Status, resp.Header.Get(gwPodHeader), resp.Header.Get(gwServedHeader), b)
+		}
+	}
+	fallbacks := gwMetricSum(t, s.spoke, "fleetinfer_gateway_upstream_fallbacks_total", nil) - before
+	if fallbacks < 1 {
+		t.Errorf("no fallback in 16 requests")
+	}
+	t.Logf("%v of 16 requests fell back from %s to %s", fallbacks, s.broken.Status.PodIP, spare)
+}
+
+// The subset header steers the picker only on the peer listener, where other
+// clusters' gateways forward parent-mode requests: there every request goes
+// to the named pod, and a subset of unknown pods gets the picker's 503. On
+// the public listener the header is dropped.
+func TestGatewayHonoursSubsetHintOnlyOnPeerListener(t *testing.T) {
+	s := gatewayStack(t)
+	const host = "subset.gateway.test"
+	gwCreateRoute(t, s, gwRoute(s.ns, "subset", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("llm")}))
+	peer, public := s.spoke.GatewayPeerURL(), s.spoke.GatewayURL()
+	for _, target := range s.llmPods {
+		hint := map[string]string{gateway.SubsetHeader: net.JoinHostPort(target.Status.PodIP, fmt.Sprint(gwPort))}
+		for i := range 4 {
+			resp, b := gwPost(t, peer, host, "/v1/completions", gwCompletion(fmt.Sprintf("peer %d", i), false, 2), hint)
+			if resp.StatusCode != http.StatusOK || resp.Header.Get(gwPodHeader) != target.Name {
+				t.Fatalf("peer listener, subset %s: %s from %q: %s", target.Name, resp.Status, resp.Header.Get(gwPodHeader), b)
+			}
+		}
+	}
+	unknown := map[string]string{gateway.SubsetHeader: "127.0.0.99:8000"}
+	if resp, b := gwPost(t, peer, host, "/v1/completions", gwCompletion("nowhere", false, 2), unknown); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("peer listener, unknown subset: %s %s; want the picker's 503", resp.Status, b)
+	}
+	if resp, b := gwPost(t, public, host, "/v1/completions", gwCompletion("ignored", false, 2), unknown); resp.StatusCode != http.StatusOK {
+		t.Errorf("public listener, unknown subset: %s %s; want the header ignored", resp.Status, b)
+	}
+}
+
+// The picker's rejection of a request it cannot parse is the client's
+// answer, with the picker's message.
+func TestGatewayPassesPickerRejectionOfInvalidJSON(t *testing.T) {
+	s := gatewayStack(t)
+	const host = "invalid.gateway.test"
+	gwCreateRoute(t, s, gwRoute(s.ns, "invalid", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("llm")}))
+	resp, b := gwPost(t, s.spoke.GatewayURL(), host, "/v1/completions", []byte(`{"model": "opt-125m", "prompt": `), nil)
+	if resp.StatusCode != http.StatusBadRequest || len(b) == 0 || resp.Header.Get(gwPodHeader) != "" {
+		t.Errorf("invalid JSON: %s %q from pod %q; want the picker's 400", resp.Status, b, resp.Header.Get(gwPodHeader))
+	}
+	t.Logf("picker answered %s: %s", resp.Status, bytes.TrimSpace(b))
+}
+
+// gwMetricSum adds up a metric of the spoke's gateway over the series whose
+// labels include want.
+func gwMetricSum(t *testing.T, c *fleet.Cluster, name string, want map[string]string) float64 {
+	t.Helper()
+	families, err := c.Gateway.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if gwHasLabels(m, want) {
+				sum += m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+func gwHasLabels(m *dto.Metric, want map[string]string) bool {
+	for k, v := range want {
+		found := false
+		for _, l := range m.GetLabel() {
+			found = found || (l.GetName() == k && l.GetValue() == v)
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
