@@ -3,6 +3,7 @@ package kubelet
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path"
 	"strconv"
 	"strings"
@@ -63,7 +64,7 @@ const defaultVLLMPort = 8000
 
 // Prepare builds the simulator command line from the container's vLLM one.
 func (r SimulatorRuntime) Prepare(c *Container) (*Launch, error) {
-	tokens := vllmArgs(c.Command, c.Args)
+	tokens := vllmArgs(c.Command, c.Args, envMap(c.Env))
 	args, port, dp, err := translateVLLM(tokens)
 	if err != nil {
 		return nil, err
@@ -96,10 +97,26 @@ func (r SimulatorRuntime) Prepare(c *Container) (*Launch, error) {
 // vllmArgs finds the vLLM server arguments in a container's command line:
 // after "vllm serve", after the OpenAI api_server module, inside a
 // "bash -c" script, or, when the image's own entrypoint is used, all args.
-func vllmArgs(command, args []string) []string {
+// In a script, $VAR and ${VAR} take the container's environment and "$@"
+// the words after the script and its $0, as bash would give them.
+func vllmArgs(command, args []string, env map[string]string) []string {
 	tokens := append(append([]string{}, command...), args...)
 	if len(tokens) >= 3 && isShell(tokens[0]) && tokens[1] == "-c" {
-		tokens = shellWords(extractVLLMLine(tokens[2]))
+		var positional []string
+		if len(tokens) > 4 {
+			positional = tokens[4:]
+		}
+		var words []string
+		for _, w := range shellWords(extractVLLMLine(tokens[2])) {
+			if w == "$@" {
+				words = append(words, positional...)
+				continue
+			}
+			// An unset variable expands to nothing, and an unquoted
+			// expansion splits into words.
+			words = append(words, strings.Fields(os.Expand(w, func(k string) string { return env[k] }))...)
+		}
+		tokens = words
 	}
 	for i, t := range tokens {
 		if path.Base(t) == "vllm" && i+1 < len(tokens) && tokens[i+1] == "serve" {
@@ -113,6 +130,16 @@ func vllmArgs(command, args []string) []string {
 		return args
 	}
 	return tokens
+}
+
+func envMap(env []string) map[string]string {
+	m := make(map[string]string, len(env))
+	for _, e := range env {
+		if k, v, ok := strings.Cut(e, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
 }
 
 func isShell(s string) bool {
