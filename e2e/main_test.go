@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 )
@@ -26,10 +27,12 @@ func TestMain(m *testing.M) {
 func run(m *testing.M) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var log logr.Logger
+	log := logr.Discard()
 	if os.Getenv("FLEET_LOG") != "" {
 		log = funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: 1})
 	}
+	// The gateways run controller-runtime caches in this process.
+	ctrllog.SetLogger(log)
 	var err error
 	fl, err = fleet.Start(ctx, fleet.Options{Spokes: fleet.DefaultSpokes(), Log: log})
 	if err != nil {

@@ -21,6 +21,8 @@ type Set struct {
 	KubeScheduler         string
 	Simulator             string
 	EPP                   string
+	Spoke                 string
+	Hub                   string
 }
 
 // tool names a pinned tool: its module under hack/tools and the module whose
@@ -67,6 +69,8 @@ func Locate() (Set, error) {
 		KubeScheduler:         filepath.Join(kubeDir, "kube-scheduler"),
 		Simulator:             filepath.Join(simDir, "llm-d-inference-sim"),
 		EPP:                   filepath.Join(root, "bin", "epp"),
+		Spoke:                 filepath.Join(root, "bin", "spoke"),
+		Hub:                   filepath.Join(root, "bin", "hub"),
 	}
 	for _, p := range []string{s.Etcd, s.KubeAPIServer, s.KubeControllerManager, s.KubeScheduler, s.Simulator} {
 		if _, err := os.Stat(p); err != nil {

@@ -256,7 +256,7 @@ func (c *ControlPlane) startEtcd(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return waitHTTP(ctx, p, http.DefaultClient, client+"/health", 30*time.Second)
+	return WaitHTTP(ctx, p, http.DefaultClient, client+"/health", 30*time.Second)
 }
 
 func (c *ControlPlane) startAPIServer(ctx context.Context) error {
@@ -286,7 +286,7 @@ func (c *ControlPlane) startAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return waitHTTP(ctx, p, rc, c.URL()+"/readyz", 60*time.Second)
+	return WaitHTTP(ctx, p, rc, c.URL()+"/readyz", 60*time.Second)
 }
 
 // startComponent runs a controller binary against this API server as the
@@ -335,9 +335,9 @@ func (c *ControlPlane) Clientset() (*kubernetes.Clientset, error) {
 	return kubernetes.NewForConfig(c.admin)
 }
 
-// waitHTTP polls url until it answers 200, the process exits, or the timeout
+// WaitHTTP polls url until it answers 200, the process exits, or the timeout
 // passes.
-func waitHTTP(ctx context.Context, p *process.Process, hc *http.Client, url string, timeout time.Duration) error {
+func WaitHTTP(ctx context.Context, p *process.Process, hc *http.Client, url string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	tick := time.NewTicker(100 * time.Millisecond)

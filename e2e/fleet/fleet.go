@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fleetinfer/fleetinfer/apis"
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
 	"github.com/fleetinfer/fleetinfer/e2e/binaries"
 	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
@@ -48,9 +49,6 @@ type Options struct {
 	Spokes []SpokeSpec
 	// Binaries defaults to binaries.Locate().
 	Binaries *binaries.Set
-	// ExtraHubCRDs and ExtraSpokeCRDs are installed besides the third-party
-	// CRDs (fleetinfer's own APIs).
-	ExtraHubCRDs, ExtraSpokeCRDs []*apiextensionsv1.CustomResourceDefinition
 	// AvailabilityGrace is how long a spoke's API server may be unreachable
 	// before its ManagedCluster turns Available=Unknown (OCM waits five lease
 	// periods, 5 min by default).
@@ -60,7 +58,10 @@ type Options struct {
 	// NoGateways skips the local gateway (package gateway) each spoke
 	// otherwise gets, with its GatewayClass and Gateway.
 	NoGateways bool
-	Log        logr.Logger
+	// NoControllers skips fleetinfer's own controllers (bin/spoke in each
+	// spoke), for tests of the fleet alone.
+	NoControllers bool
+	Log           logr.Logger
 }
 
 // Cluster is one member of the fleet.
@@ -74,7 +75,10 @@ type Cluster struct {
 	// Gateway serves the spoke's Gateway (see gateways.go); nil on the hub
 	// and with Options.NoGateways.
 	Gateway *gateway.Gateway
-	Spec    SpokeSpec
+	// ControllerMetrics is the Prometheus endpoint of fleetinfer's
+	// controller in this cluster, empty when it does not run one.
+	ControllerMetrics string
+	Spec              SpokeSpec
 }
 
 // Fleet is a running local fleet.
@@ -142,18 +146,25 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// fleetinfer's own APIs exist on both sides: the hub takes services from
+	// users, the spokes reconcile their copies.
+	own, err := apis.CRDs()
+	if err != nil {
+		return nil, err
+	}
+	hubCRDs, spokeCRDs = append(hubCRDs, own...), append(spokeCRDs, own...)
 
 	// Control planes first, all at once; each cluster then installs its CRDs.
 	f.Spokes = make([]*Cluster, len(opts.Spokes))
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		c, err := f.startCluster(gctx, "hub", false, append(hubCRDs, opts.ExtraHubCRDs...))
+		c, err := f.startCluster(gctx, "hub", false, hubCRDs)
 		f.Hub = c
 		return err
 	})
 	for i, s := range opts.Spokes {
 		g.Go(func() error {
-			c, err := f.startCluster(gctx, s.Name, true, append(spokeCRDs, opts.ExtraSpokeCRDs...))
+			c, err := f.startCluster(gctx, s.Name, true, spokeCRDs)
 			if c != nil {
 				c.Spec = s
 			}
@@ -171,6 +182,11 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	}
 	if !opts.NoGateways {
 		g.Go(func() error { return f.startGateways(gctx) })
+	}
+	if !opts.NoControllers {
+		for _, s := range f.Spokes {
+			g.Go(func() error { return f.startSpokeController(gctx, s) })
+		}
 	}
 	if err := g.Wait(); err != nil {
 		return f, err

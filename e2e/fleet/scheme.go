@@ -10,6 +10,8 @@ import (
 	inferencexv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
+
+	servingv1alpha2 "github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 )
 
 // Scheme knows every API the fleet's clients read and write.
@@ -23,4 +25,5 @@ func init() {
 	utilruntime.Must(inferencev1.Install(Scheme))
 	utilruntime.Must(inferencexv1alpha1.Install(Scheme))
 	utilruntime.Must(lwsv1.AddToScheme(Scheme))
+	utilruntime.Must(servingv1alpha2.AddToScheme(Scheme))
 }

@@ -1,0 +1,103 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+)
+
+const cpuSample = "../apis/serving/v1alpha2/testdata/kserve-v0.20.0/samples/opt-125m-cpu__llm-inference-service-facebook-opt-125m-cpu.0.yaml"
+
+// KServe's CPU sample (opt-125m with scheduler, route and gateway), applied
+// unchanged to a spoke, becomes Ready: simulator pods serve it, the endpoint
+// picker runs as a pod under its own service account, and a completion sent
+// to the service's URL goes through the gateway, the picker and a model
+// server.
+func TestKServeCPUSampleBecomesReadyAndServesThroughTheGateway(t *testing.T) {
+	spoke := fl.Spokes[0]
+	ns := namespace(t, spoke)
+	ctx := context.Background()
+	b, err := os.ReadFile(cpuSample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(b, &obj.Object); err != nil {
+		t.Fatal(err)
+	}
+	obj.SetNamespace(ns)
+	if err := spoke.Client.Create(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	name := obj.GetName()
+	svc := &v1alpha2.LLMInferenceService{}
+	eventually(t, 90*time.Second, "Ready", func(ctx context.Context) error {
+		if err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
+			return err
+		}
+		if !svc.Status.IsTrue(v1alpha2.Ready) {
+			var parts []string
+			for _, c := range svc.Status.Conditions {
+				parts = append(parts, fmt.Sprintf("%s=%s %s", c.Type, c.Status, c.Message))
+			}
+			return fmt.Errorf("not ready: %s", strings.Join(parts, "; "))
+		}
+		return nil
+	})
+
+	workload := readyPod(t, spoke, ns, map[string]string{"app.kubernetes.io/name": name, "kserve.io/component": "workload"})
+	if !strings.HasPrefix(workload.Status.PodIP, "127.") {
+		t.Errorf("model server pod IP %q", workload.Status.PodIP)
+	}
+	epp := readyPod(t, spoke, ns, map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/component": "llminferenceservice-router-scheduler"})
+	if epp.Spec.ServiceAccountName != name+"-epp-sa" {
+		t.Errorf("endpoint picker runs as %q", epp.Spec.ServiceAccountName)
+	}
+
+	url := ""
+	if svc.Status.URL != nil {
+		url = *svc.Status.URL
+	}
+	if !strings.HasPrefix(url, "http://127.") || !strings.HasSuffix(url, "/"+ns+"/"+name) {
+		t.Fatalf("status.url %q is not the gateway's path for the service", url)
+	}
+	body := `{"model":"facebook/opt-125m","prompt":"The local fleet says","max_tokens":6}`
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var completion struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(out, &completion) != nil || len(completion.Choices) == 0 {
+		t.Fatalf("completion through the gateway: %s %s", resp.Status, out)
+	}
+	var pods corev1.PodList
+	if err := spoke.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.RestartCount > 0 {
+				t.Errorf("pod %s container %s restarted %d times", p.Name, cs.Name, cs.RestartCount)
+			}
+		}
+	}
+}
