@@ -17,24 +17,30 @@ KUBE_VERSION := $(call modversion,kube,k8s.io/kubernetes)
 ETCD_VERSION := $(call modversion,etcd,go.etcd.io/etcd/server/v3)
 SIM_VERSION := $(call modversion,sim,github.com/llm-d/llm-d-inference-sim)
 CONTROLLER_GEN_VERSION := $(call modversion,controller-gen,sigs.k8s.io/controller-tools)
+PROTOBUF_VERSION := $(call modversion,protogen,google.golang.org/protobuf)
+GRPC_GEN_VERSION := $(strip $(call modversion,protogen,google.golang.org/grpc/cmd/protoc-gen-go-grpc))
+PROTOCOMPILE_VERSION := $(call modversion,protogen,github.com/bufbuild/protocompile)
 
 KUBE_DIR := $(BIN)/kube-$(KUBE_VERSION)
 KUBE_BINS := $(addprefix $(KUBE_DIR)/,kube-apiserver kube-controller-manager kube-scheduler kubectl)
 ETCD := $(BIN)/etcd-$(ETCD_VERSION)/etcd
 SIM := $(BIN)/sim-$(SIM_VERSION)/llm-d-inference-sim
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
+PROTOGEN_DIR := $(BIN)/protogen-$(PROTOCOMPILE_VERSION)-$(PROTOBUF_VERSION)-$(GRPC_GEN_VERSION)
+PROTOGEN := $(PROTOGEN_DIR)/protogen
+FUZZTIME ?= 5s
 KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated clean help
+.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated fuzz clean help
 
 all: build
 
 help: ## List targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-tools: $(KUBE_BINS) $(ETCD) $(SIM) $(CONTROLLER_GEN) ## Build the pinned control plane, simulator and generators (once per version).
+tools: $(KUBE_BINS) $(ETCD) $(SIM) $(CONTROLLER_GEN) $(PROTOGEN) ## Build the pinned control plane, simulator and generators (once per version).
 
 $(KUBE_BINS) &:
 	@echo "==> building Kubernetes $(KUBE_VERSION) control plane (first time only, several minutes)"
@@ -54,10 +60,15 @@ $(CONTROLLER_GEN):
 	@echo "==> building controller-gen $(CONTROLLER_GEN_VERSION)"
 	cd hack/tools/controller-gen && go build -trimpath -o $@ sigs.k8s.io/controller-tools/cmd/controller-gen
 
+$(PROTOGEN):
+	@echo "==> building protogen (protocompile $(PROTOCOMPILE_VERSION), protoc-gen-go $(PROTOBUF_VERSION), protoc-gen-go-grpc $(GRPC_GEN_VERSION))"
+	cd hack/tools/protogen && go build -trimpath -o $(PROTOGEN_DIR)/ . \
+		google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+
 build: ## Build fleetinfer's binaries into bin/.
 	go build -o $(BIN)/ ./cmd/...
 
-test: tools build vet verify-generated ## Build everything and run every test.
+test: tools build vet verify-generated fuzz ## Build everything and run every test.
 	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
 
 demo: tools build ## Run the local fleet demo (DURATION=60s SPOKES=3).
@@ -74,8 +85,13 @@ manifests: $(CONTROLLER_GEN) ## Generate fleetinfer's CRDs; copy third-party CRD
 	rm -f apis/crds/*.yaml && go run ./hack/crdgen $$tmp apis/crds
 	hack/sync-crds.sh
 
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
+generate: $(CONTROLLER_GEN) $(PROTOGEN) ## Generate deepcopy code and the EPP federation protobuf code.
 	$(CONTROLLER_GEN) object paths=./apis/...
+	$(PROTOGEN) -plugins $(PROTOGEN_DIR) epp/federation/v1/federation.proto
+
+fuzz: ## Run each fuzz test for FUZZTIME (default 5s) on top of its committed corpus.
+	go test ./epp/federation -run '^$$' -fuzz '^FuzzDecodeAndApply$$' -fuzztime $(FUZZTIME)
+	go test ./epp -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime $(FUZZTIME)
 
 verify-generated: ## Fail when `make manifests generate` would change a file.
 	hack/verify-generated.sh
