@@ -257,7 +257,7 @@ func (f *Fleet) startKubelet(ctx context.Context, c *Cluster, index int) error {
 		Runtimes: kubelet.Runtimes{
 			kubelet.SimulatorRuntime{Binary: b.Simulator, Repos: kubelet.DefaultModelServerImages, DefaultArgs: c.Spec.SimulatorArgs},
 			kubelet.BinaryRuntime{Description: "fleetinfer EPP images as bin/epp", Repos: []string{"fleetinfer/epp"}, Binary: b.EPP,
-				PortFlags: map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090}},
+				PortFlags: map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090, "federation-port": 9004}},
 			kubelet.CompletedRuntime{Description: "KServe storage-initializer (no model weights to fetch)", Repos: []string{"kserve/storage-initializer"}},
 		},
 	})
