@@ -17,7 +17,9 @@ import (
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/spoke/capacity"
 	"github.com/fleetinfer/fleetinfer/spoke/llmisvc"
 	"github.com/fleetinfer/fleetinfer/spoke/presets"
 )
@@ -31,6 +33,15 @@ func init() {
 	utilruntime.Must(igwapiv1.Install(Scheme))
 	utilruntime.Must(gwapiv1.Install(Scheme))
 	utilruntime.Must(lwsv1.AddToScheme(Scheme))
+	utilruntime.Must(fleetv1alpha1.AddToScheme(Scheme))
+}
+
+// ManagerOptions completes a manager's options for the spoke: its scheme and
+// a cache that keeps pods small (see capacity.CacheOptions).
+func ManagerOptions(o ctrl.Options) ctrl.Options {
+	o.Scheme = Scheme
+	o.Cache.ByObject = capacity.CacheOptions()
+	return o
 }
 
 // Options configure the spoke.
@@ -59,5 +70,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		}
 	}
 	r := llmisvc.NewReconciler(mgr.GetClient(), mgr.GetEventRecorderFor("llminferenceservice-controller"), opts.Options)
-	return r.SetupWithManager(mgr)
+	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	return (&capacity.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
 }

@@ -11,6 +11,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	servingv1alpha2 "github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 )
 
@@ -26,4 +27,5 @@ func init() {
 	utilruntime.Must(inferencexv1alpha1.Install(Scheme))
 	utilruntime.Must(lwsv1.AddToScheme(Scheme))
 	utilruntime.Must(servingv1alpha2.AddToScheme(Scheme))
+	utilruntime.Must(fleetv1alpha1.AddToScheme(Scheme))
 }

@@ -72,7 +72,7 @@ func TestMain(m *testing.M) {
 // suite ends.
 func startController(ctx context.Context, e *testenv.Env) error {
 	c = e.Client
-	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{Scheme: spoke.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	mgr, err := ctrl.NewManager(e.Config, spoke.ManagerOptions(ctrl.Options{Metrics: metricsserver.Options{BindAddress: "0"}}))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,230 @@
+// Package capacity publishes the cluster's accelerator capacity in the
+// ClusterCapacity object the hub reads: allocatable and free GPUs per
+// product, free meaning allocatable minus the requests of the unfinished
+// pods bound to each node.
+package capacity
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/util/retry"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+)
+
+// Accelerator resources and the labels that describe them (NVIDIA device
+// plugin and GPU feature discovery).
+const (
+	GPUResource     corev1.ResourceName = "nvidia.com/gpu"
+	GPUProductLabel                     = "nvidia.com/gpu.product"
+	GPUMemoryLabel                      = "nvidia.com/gpu.memory"
+	unknownProduct                      = "unknown"
+)
+
+// Compute aggregates the capacity of nodes given the pods bound to them.
+// Unschedulable and NotReady nodes offer nothing; finished pods request
+// nothing.
+func Compute(nodes []corev1.Node, pods []corev1.Pod) fleetv1alpha1.ClusterCapacityStatus {
+	requested := map[string]int64{}
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		requested[p.Spec.NodeName] += PodRequest(p, GPUResource)
+	}
+	byProduct := map[string]*fleetv1alpha1.AcceleratorCapacity{}
+	st := fleetv1alpha1.ClusterCapacityStatus{}
+	for i := range nodes {
+		n := &nodes[i]
+		if n.Spec.Unschedulable || !nodeReady(n) {
+			continue
+		}
+		st.Nodes++
+		alloc := n.Status.Allocatable.Name(GPUResource, "").Value()
+		if alloc == 0 {
+			continue
+		}
+		product := n.Labels[GPUProductLabel]
+		if product == "" {
+			product = unknownProduct
+		}
+		a := byProduct[product]
+		if a == nil {
+			a = &fleetv1alpha1.AcceleratorCapacity{Product: product, Resource: GPUResource}
+			byProduct[product] = a
+		}
+		if mem, err := strconv.ParseInt(n.Labels[GPUMemoryLabel], 10, 64); err == nil && mem > a.MemoryMiB {
+			a.MemoryMiB = mem
+		}
+		a.Nodes++
+		a.Allocatable += alloc
+		used := requested[n.Name]
+		a.Requested += used
+		a.LargestFreeOnNode = max(a.LargestFreeOnNode, alloc-used)
+	}
+	var summary []string
+	for _, a := range byProduct {
+		a.Free = a.Allocatable - a.Requested
+		st.Accelerators = append(st.Accelerators, *a)
+	}
+	sort.Slice(st.Accelerators, func(i, j int) bool { return st.Accelerators[i].Product < st.Accelerators[j].Product })
+	for _, a := range st.Accelerators {
+		summary = append(summary, fmt.Sprintf("%s %d/%d free", a.Product, a.Free, a.Allocatable))
+	}
+	st.Summary = strings.Join(summary, ", ")
+	return st
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// PodRequest is what the scheduler reserves for a pod: the larger of its
+// containers (with restartable init containers, which run alongside them)
+// and its largest run-to-completion init container, plus overhead.
+func PodRequest(p *corev1.Pod, r corev1.ResourceName) int64 {
+	var running, sidecars, initPeak int64
+	for _, c := range p.Spec.Containers {
+		running += c.Resources.Requests.Name(r, "").Value()
+	}
+	for _, c := range p.Spec.InitContainers {
+		v := c.Resources.Requests.Name(r, "").Value()
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			sidecars += v
+			continue
+		}
+		initPeak = max(initPeak, sidecars+v)
+	}
+	return max(running+sidecars, initPeak) + p.Spec.Overhead.Name(r, "").Value()
+}
+
+// Reconciler keeps the ClusterCapacity current.
+type Reconciler struct {
+	client.Client
+}
+
+// +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=clustercapacities,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=clustercapacities/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=nodes;pods,verbs=get;list;watch
+
+// Reconcile recomputes the capacity from the cache and writes it if it
+// changed. Every node or pod event maps to the one ClusterCapacity, so a
+// burst of events costs one recomputation.
+func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.Result, error) {
+	var nodes corev1.NodeList
+	if err := r.List(ctx, &nodes); err != nil {
+		return ctrl.Result{}, err
+	}
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods); err != nil {
+		return ctrl.Result{}, err
+	}
+	want := Compute(nodes.Items, pods.Items)
+	return ctrl.Result{}, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cc := &fleetv1alpha1.ClusterCapacity{}
+		err := r.Get(ctx, client.ObjectKey{Name: fleetv1alpha1.ClusterCapacityName}, cc)
+		if apierrors.IsNotFound(err) {
+			cc.Name = fleetv1alpha1.ClusterCapacityName
+			if err := r.Create(ctx, cc); err != nil {
+				return err
+			}
+		} else if err != nil {
+			return err
+		}
+		want.UpdateTime = cc.Status.UpdateTime
+		if equality.Semantic.DeepEqual(cc.Status, want) {
+			return nil
+		}
+		want.UpdateTime = metav1.NewTime(time.Now())
+		cc.Status = want
+		return r.Status().Update(ctx, cc)
+	})
+}
+
+var singleton = reconcile.Request{NamespacedName: client.ObjectKey{Name: fleetv1alpha1.ClusterCapacityName}}
+
+// SetupWithManager registers the reconciler.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	toSingleton := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{singleton}
+	})
+	// Only a pod's node, phase and requests matter; label and status churn
+	// of running pods does not.
+	podChanged := predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
+			return o.Spec.NodeName != n.Spec.NodeName || o.Status.Phase != n.Status.Phase
+		},
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("clustercapacity").
+		For(&fleetv1alpha1.ClusterCapacity{}).
+		Watches(&corev1.Node{}, toSingleton).
+		Watches(&corev1.Pod{}, toSingleton, builder.WithPredicates(podChanged)).
+		Complete(r)
+}
+
+// CacheOptions keep the cache small at 10k pods: only bound, unfinished
+// pods, stripped to the fields the computation reads.
+func CacheOptions() map[client.Object]cache.ByObject {
+	return map[client.Object]cache.ByObject{
+		&corev1.Pod{}: {
+			Field: fields.AndSelectors(
+				fields.OneTermNotEqualSelector("spec.nodeName", ""),
+				fields.OneTermNotEqualSelector("status.phase", string(corev1.PodSucceeded)),
+				fields.OneTermNotEqualSelector("status.phase", string(corev1.PodFailed)),
+			),
+			Transform: stripPod,
+		},
+	}
+}
+
+// stripPod keeps what Compute and the watch predicate read.
+func stripPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	slim := &corev1.Pod{
+		TypeMeta:   p.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion},
+		Spec:       corev1.PodSpec{NodeName: p.Spec.NodeName, Overhead: p.Spec.Overhead},
+		Status:     corev1.PodStatus{Phase: p.Status.Phase},
+	}
+	slim.Spec.Containers = slimContainers(p.Spec.Containers)
+	slim.Spec.InitContainers = slimContainers(p.Spec.InitContainers)
+	return slim, nil
+}
+
+func slimContainers(cs []corev1.Container) []corev1.Container {
+	out := make([]corev1.Container, len(cs))
+	for i, c := range cs {
+		out[i] = corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy,
+			Resources: corev1.ResourceRequirements{Requests: c.Resources.Requests}}
+	}
+	return out
+}

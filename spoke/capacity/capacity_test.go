@@ -1,0 +1,124 @@
+package capacity
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func node(name, product string, gpus int64, ready, schedulable bool) corev1.Node {
+	status := corev1.ConditionTrue
+	if !ready {
+		status = corev1.ConditionFalse
+	}
+	return corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{GPUProductLabel: product, GPUMemoryLabel: "81559"}},
+		Spec:       corev1.NodeSpec{Unschedulable: !schedulable},
+		Status: corev1.NodeStatus{
+			Allocatable: corev1.ResourceList{GPUResource: *resource.NewQuantity(gpus, resource.DecimalSI)},
+			Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status}},
+		},
+	}
+}
+
+func gpuContainer(n int64) corev1.Container {
+	return corev1.Container{Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{GPUResource: *resource.NewQuantity(n, resource.DecimalSI)}}}
+}
+
+func pod(nodeName string, phase corev1.PodPhase, containers ...corev1.Container) corev1.Pod {
+	return corev1.Pod{Spec: corev1.PodSpec{NodeName: nodeName, Containers: containers}, Status: corev1.PodStatus{Phase: phase}}
+}
+
+func TestComputeCountsFreeGPUsPerProduct(t *testing.T) {
+	nodes := []corev1.Node{
+		node("h1", "H100", 8, true, true),
+		node("h2", "H100", 8, true, true),
+		node("a1", "A100", 4, true, true),
+		node("down", "H100", 8, false, true),
+		node("cordoned", "H100", 8, true, false),
+		node("cpu", "", 0, true, true),
+	}
+	pods := []corev1.Pod{
+		pod("h1", corev1.PodRunning, gpuContainer(4), gpuContainer(2)),
+		pod("h2", corev1.PodPending, gpuContainer(1)),
+		pod("h2", corev1.PodSucceeded, gpuContainer(8)), // finished: frees its GPUs
+		pod("", corev1.PodPending, gpuContainer(8)),     // not bound yet
+		pod("a1", corev1.PodRunning, gpuContainer(4)),
+	}
+	st := Compute(nodes, pods)
+	if st.Nodes != 4 {
+		t.Errorf("nodes %d, want 4 (Ready and schedulable)", st.Nodes)
+	}
+	if len(st.Accelerators) != 2 {
+		t.Fatalf("accelerators %+v", st.Accelerators)
+	}
+	a100, h100 := st.Accelerators[0], st.Accelerators[1]
+	if h100.Product != "H100" || h100.Allocatable != 16 || h100.Requested != 7 || h100.Free != 9 || h100.LargestFreeOnNode != 7 || h100.Nodes != 2 || h100.MemoryMiB != 81559 {
+		t.Errorf("H100 %+v", h100)
+	}
+	if a100.Product != "A100" || a100.Free != 0 || a100.LargestFreeOnNode != 0 {
+		t.Errorf("A100 %+v", a100)
+	}
+	if st.Summary != "A100 0/4 free, H100 9/16 free" {
+		t.Errorf("summary %q", st.Summary)
+	}
+}
+
+func TestPodRequestFollowsTheScheduler(t *testing.T) {
+	always := ptr.To(corev1.ContainerRestartPolicyAlways)
+	cases := []struct {
+		name string
+		spec corev1.PodSpec
+		want int64
+	}{
+		{"containers add up", corev1.PodSpec{Containers: []corev1.Container{gpuContainer(2), gpuContainer(1)}}, 3},
+		{"a larger init container dominates", corev1.PodSpec{Containers: []corev1.Container{gpuContainer(1)}, InitContainers: []corev1.Container{gpuContainer(4)}}, 4},
+		{"sidecars run alongside", corev1.PodSpec{Containers: []corev1.Container{gpuContainer(1)},
+			InitContainers: []corev1.Container{{RestartPolicy: always, Resources: gpuContainer(2).Resources}}}, 3},
+		{"overhead is added", corev1.PodSpec{Containers: []corev1.Container{gpuContainer(1)},
+			Overhead: corev1.ResourceList{GPUResource: *resource.NewQuantity(1, resource.DecimalSI)}}, 2},
+		{"no GPUs", corev1.PodSpec{Containers: []corev1.Container{{}}}, 0},
+	}
+	for _, c := range cases {
+		p := &corev1.Pod{Spec: c.spec}
+		if got := PodRequest(p, GPUResource); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// The cache keeps only what the computation reads.
+func TestStrippedPodsComputeTheSame(t *testing.T) {
+	p := pod("h1", corev1.PodRunning, gpuContainer(3))
+	p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "BIG", Value: "x"}}
+	p.Spec.Volumes = []corev1.Volume{{Name: "v"}}
+	slim, err := stripPod(&p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := slim.(*corev1.Pod)
+	if len(sp.Spec.Volumes) != 0 || len(sp.Spec.Containers[0].Env) != 0 || PodRequest(sp, GPUResource) != 3 || sp.Spec.NodeName != "h1" {
+		t.Errorf("stripped pod %+v", sp.Spec)
+	}
+}
+
+// Recomputing the capacity of a large cluster stays cheap.
+func BenchmarkCompute10kPods(b *testing.B) {
+	var nodes []corev1.Node
+	for i := range 1250 {
+		nodes = append(nodes, node("n"+string(rune('a'+i%26))+itoa(i), "H100", 8, true, true))
+	}
+	var pods []corev1.Pod
+	for i := range 10000 {
+		pods = append(pods, pod(nodes[i%len(nodes)].Name, corev1.PodRunning, gpuContainer(1)))
+	}
+	b.ResetTimer()
+	for range b.N {
+		Compute(nodes, pods)
+	}
+}
+
+func itoa(i int) string { return resource.NewQuantity(int64(i), resource.DecimalSI).String() }
