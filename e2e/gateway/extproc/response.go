@@ -96,7 +96,14 @@ func (e *Exchange) Respond(resp *Response, sink Sink) error {
 // buffers a non-streamed body to its end), so there is no timeout while the
 // upstream is still sending; once it is done the processor has the message
 // timeout to finish.
-func (e *Exchange) respondBody(resp *Response, md *corev3.Metadata, sink Sink) error {
+func (e *Exchange) respondBody(resp *Response, md *corev3.Metadata, sink Sink) (err error) {
+	// Failing while the pump may still send: cancel the stream, so that it
+	// stops and Close does not half-close under it.
+	defer func() {
+		if err != nil {
+			e.cancel(err)
+		}
+	}()
 	pumped := make(chan struct{})
 	var sentTrailers atomic.Bool
 	go func() {
@@ -124,7 +131,6 @@ func (e *Exchange) respondBody(resp *Response, md *corev3.Metadata, sink Sink) e
 			}
 			if len(sr.GetBody()) > 0 {
 				if err := sink.Body(sr.GetBody()); err != nil {
-					e.cancel(err)
 					return err
 				}
 			}
