@@ -31,8 +31,8 @@ import (
 	"github.com/fleetinfer/fleetinfer/e2e/gateway"
 	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
-	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
+	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 )
 
 // The federation tests run one pool, "llama", in three clusters of the shared
@@ -82,7 +82,9 @@ type fedCluster struct {
 	picker   *extproc.Client
 }
 
-func (f *fedCluster) eppAddr(port int) string { return net.JoinHostPort(f.epp.Status.PodIP, strconv.Itoa(port)) }
+func (f *fedCluster) eppAddr(port int) string {
+	return net.JoinHostPort(f.epp.Status.PodIP, strconv.Itoa(port))
+}
 
 func (f *fedCluster) gatewayAddr() string {
 	return net.JoinHostPort(fleet.GatewayAddress(f.index).String(), strconv.Itoa(gateway.DefaultPeerPort))
