@@ -19,9 +19,9 @@ import (
 // the local datastore only, and matches subset hints by IP alone.
 //
 //   - Without a subset hint, the candidates are the local endpoints plus the
-//     fresh remote ones. When a spill gate is set (the cross-cluster filter's
-//     headroom test), remote endpoints are added only once no local endpoint
-//     has headroom, since the filter would drop them anyway.
+//     fresh remote ones. With the cross-cluster filter configured, remote
+//     endpoints are added only once no local endpoint has headroom (the
+//     filter would drop them anyway), and then only the least loaded few.
 //   - With a hint (x-gateway-destination-endpoint-subset in metadata
 //     namespace envoy.lb.subset_hint), the candidates are the local
 //     endpoints matching a hinted ip:port (IP and port; an entry without a
@@ -40,9 +40,12 @@ type candidates struct {
 	remote interface {
 		AppendFresh(dst []fwkdl.Endpoint, now time.Time, peer func(cluster string, oldest time.Time)) []fwkdl.Endpoint
 	}
-	// spill reports whether the local endpoints lack headroom; nil means
-	// remote endpoints are always candidates.
-	spill func(local []fwkdl.Endpoint) bool
+	// gate picks the remote endpoints that join the local ones (the
+	// cross-cluster filter); nil admits every fresh one.
+	gate interface {
+		LocalSaturated(local []fwkdl.Endpoint) bool
+		RemoteCandidates(local, remote []fwkdl.Endpoint) []fwkdl.Endpoint
+	}
 	// failOpen reports the pool's failureMode.
 	failOpen          func(ctx context.Context) bool
 	disableSubsetHint bool
@@ -58,7 +61,7 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 		}
 	}
 	local := c.ds.PodList(datastore.AllPodsPredicate)
-	if c.remote == nil || (c.spill != nil && !c.spill(local)) {
+	if c.remote == nil || (c.gate != nil && !c.gate.LocalSaturated(local)) {
 		return local
 	}
 	now := c.now()
@@ -68,7 +71,10 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 	if pickFrom(ctx) != nil {
 		observe = func(peer string, oldest time.Time) { federation.ObserveLag(peer, now.Sub(oldest).Seconds()) }
 	}
-	return c.remote.AppendFresh(local, now, observe)
+	if c.gate == nil {
+		return c.remote.AppendFresh(local, now, observe)
+	}
+	return append(local, c.gate.RemoteCandidates(local, c.remote.AppendFresh(nil, now, observe))...)
 }
 
 // subsetHint returns the hinted endpoints when the request carries a hint.

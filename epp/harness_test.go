@@ -96,8 +96,13 @@ type harness struct {
 
 func newHarness(t testing.TB, local, remote []fwkdl.Endpoint) *harness {
 	t.Helper()
+	return newHarnessConfig(t, local, remote, testConfig)
+}
+
+func newHarnessConfig(t testing.TB, local, remote []fwkdl.Endpoint, config string) *harness {
+	t.Helper()
 	RegisterPlugins()
-	raw, _, err := loader.LoadRawConfig([]byte(testConfig), logr.Discard())
+	raw, _, err := loader.LoadRawConfig([]byte(config), logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +113,7 @@ func newHarness(t testing.TB, local, remote []fwkdl.Endpoint) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{}
-	cands := &candidates{ds: ds, remote: &fakeRemote{eps: remote}, spill: spillFilter(handle).LocalSaturated,
+	cands := &candidates{ds: ds, remote: &fakeRemote{eps: remote}, gate: spillFilter(handle),
 		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
 	rc := requestcontrol.NewConfig()
 	rc.AddPlugins(pickRecorder{})

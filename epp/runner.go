@@ -301,7 +301,7 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 		cands.remote = fed.store
 	}
 	if f := spillFilter(handle); f != nil {
-		cands.spill = f.LocalSaturated
+		cands.gate = f
 	} else if fed.store != nil {
 		setupLog.Info("No cross-cluster-filter configured: every fresh remote endpoint is a candidate for every request")
 	}

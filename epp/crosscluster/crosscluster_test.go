@@ -117,3 +117,40 @@ func TestFactoriesRefuseInvalidParameters(t *testing.T) {
 		})
 	}
 }
+
+func TestRemoteCandidatesAreTheLeastLoadedFewAndOnlyOnSpill(t *testing.T) {
+	dl := func(name string, waiting int, kv float64, age time.Duration, cluster string) fwkdl.Endpoint {
+		m := fwkdl.NewMetrics()
+		m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now.Add(-age)
+		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}}, m)
+	}
+	fresh := 10 * time.Millisecond
+	remote := []fwkdl.Endpoint{dl("r-busy", 9, 0, fresh, "w"), dl("r-q2", 2, 0.1, fresh, "w"), dl("r-q0-kv5", 0, 0.5, fresh, "w"),
+		dl("r-q0-kv1", 0, 0.1, fresh, "w"), dl("r-q1", 1, 0, fresh, "w")}
+	tests := []struct {
+		name  string
+		local []fwkdl.Endpoint
+		want  string
+	}{
+		{"none while local has headroom", []fwkdl.Endpoint{dl("l", 0, 0, fresh, "")}, ""},
+		{"least loaded with headroom on spill, bounded", []fwkdl.Endpoint{dl("l", 7, 0, fresh, "")}, "r-q0-kv1,r-q0-kv5,r-q1"},
+		{"without local endpoints, least loaded", nil, "r-q0-kv1,r-q0-kv5,r-q1"},
+	}
+	p, err := FilterFactory("f", json.RawMessage(`{"maxRemoteCandidates": 3}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.(*Filter)
+	f.now = func() time.Time { return now }
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, e := range f.RemoteCandidates(tc.local, remote) {
+				got = append(got, e.GetMetadata().NamespacedName.Name)
+			}
+			if strings.Join(got, ",") != tc.want {
+				t.Fatalf("admitted %v, want %s", got, tc.want)
+			}
+		})
+	}
+}

@@ -4,7 +4,7 @@
 //
 //	plugins:
 //	- type: cross-cluster-filter
-//	  parameters: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8}
+//	  parameters: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, maxRemoteCandidates: 16}
 //	- type: cross-cluster-scorer
 //	  parameters: {networkCost: 0.5, clusterCosts: {west: 0.3}}
 //	schedulingProfiles:
@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -45,6 +46,11 @@ type FilterParams struct {
 	// data also crossed the federation (remote endpoints older than the
 	// federation's staleness bound are never candidates at all).
 	RemoteMetricsStalenessThreshold Duration `json:"remoteMetricsStalenessThreshold"`
+	// MaxRemoteCandidates bounds how many remote endpoints, the least loaded
+	// ones with headroom, join a spilled request's candidates. GIE copies
+	// and scores every candidate on every pick, so without a bound a fleet
+	// of thousands of pods would make each spilled pick that much slower.
+	MaxRemoteCandidates int `json:"maxRemoteCandidates"`
 }
 
 // DefaultFilterParams are used for parameters left out.
@@ -53,6 +59,7 @@ var DefaultFilterParams = FilterParams{
 	KVCacheUtilThreshold:            0.8,
 	MetricsStalenessThreshold:       Duration(200 * time.Millisecond),
 	RemoteMetricsStalenessThreshold: Duration(time.Second),
+	MaxRemoteCandidates:             16,
 }
 
 // Filter keeps requests in the local cluster while any local endpoint has
@@ -77,8 +84,8 @@ func FilterFactory(name string, raw json.RawMessage, _ fwkplugin.Handle) (fwkplu
 		}
 	}
 	if p.QueueDepthThreshold <= 0 || p.KVCacheUtilThreshold <= 0 || p.KVCacheUtilThreshold > 1 ||
-		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 {
-		return nil, errors.New(FilterType + ": thresholds must be positive and kvCacheUtilThreshold at most 1")
+		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 || p.MaxRemoteCandidates <= 0 {
+		return nil, errors.New(FilterType + ": thresholds and maxRemoteCandidates must be positive and kvCacheUtilThreshold at most 1")
 	}
 	return &Filter{name: name, params: p, now: time.Now}, nil
 }
@@ -115,10 +122,61 @@ func (f *Filter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.L
 	return append(local, remoteRoom...)
 }
 
+// RemoteCandidates decides, before scheduling, which remote endpoints join
+// a request's candidates: none while a local endpoint has headroom (the
+// filter would drop them), otherwise the least loaded remote endpoints with
+// headroom, at most MaxRemoteCandidates; without local endpoints, the least
+// loaded remote endpoints whether they have headroom or not. The candidate
+// lookup calls it, so that remote endpoints enter GIE's scheduling cycle,
+// which copies and scores every candidate, only when they can be picked.
+func (f *Filter) RemoteCandidates(local, remote []fwkdl.Endpoint) []fwkdl.Endpoint {
+	if !f.LocalSaturated(local) {
+		return nil
+	}
+	now := f.now()
+	// The least loaded remote endpoints, kept sorted in a bounded slice: one
+	// pass over the fleet instead of sorting it.
+	best := make([]ranked, 0, f.params.MaxRemoteCandidates)
+	withRoom := 0
+	for _, ep := range remote {
+		m := ep.GetMetrics()
+		if m == nil {
+			continue
+		}
+		r := ranked{ep: ep, queue: m.WaitingQueueSize, kv: m.KVCacheUsagePercent,
+			room: f.hasRoom(m, now, f.params.RemoteMetricsStalenessThreshold)}
+		if r.room {
+			withRoom++
+		} else if len(local) > 0 {
+			continue
+		}
+		if len(best) == cap(best) && !r.less(best[len(best)-1]) {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(best, r, func(a, b ranked) int {
+			if a.less(b) {
+				return -1
+			}
+			return 1
+		})
+		if len(best) < cap(best) {
+			best = append(best, ranked{})
+		}
+		copy(best[i+1:], best[i:len(best)-1])
+		best[i] = r
+	}
+	if len(local) > 0 && withRoom == 0 {
+		return nil
+	}
+	out := make([]fwkdl.Endpoint, len(best))
+	for i, r := range best {
+		out[i] = r.ep
+	}
+	return out
+}
+
 // LocalSaturated reports whether no local endpoint has headroom, that is
-// whether this filter would let remote endpoints in. The candidate lookup
-// asks it first, so that while traffic stays local the remote endpoints do
-// not even enter the scheduling cycle (GIE copies every candidate per pick).
+// whether remote endpoints may join at all.
 func (f *Filter) LocalSaturated(local []fwkdl.Endpoint) bool {
 	now := f.now()
 	for _, ep := range local {
@@ -127,6 +185,25 @@ func (f *Filter) LocalSaturated(local []fwkdl.Endpoint) bool {
 		}
 	}
 	return true
+}
+
+// ranked orders remote endpoints by load: those with headroom first, then
+// by queue, then by KV-cache usage.
+type ranked struct {
+	ep    fwkdl.Endpoint
+	queue int
+	kv    float64
+	room  bool
+}
+
+func (a ranked) less(b ranked) bool {
+	if a.room != b.room {
+		return a.room
+	}
+	if a.queue != b.queue {
+		return a.queue < b.queue
+	}
+	return a.kv < b.kv
 }
 
 func (f *Filter) hasRoom(m *fwkdl.Metrics, now time.Time, staleAfter Duration) bool {

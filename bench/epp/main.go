@@ -1,0 +1,453 @@
+// Command epp benchmarks fleetinfer's endpoint picker against GIE v1.5.0's
+// stock EPP in the same run, on this machine: pick latency and picks/s with
+// a federated view of 1,000 pods (100 local pods plus 10 peers of 90) next to
+// the stock EPP over the same 100 local pods, and the federation's freshness
+// and bytes per peer. `make bench` runs it and writes bench/results/epp.*.
+//
+// Both EPPs are processes against one real kube-apiserver, with the same
+// flags, scraping the same 100 metric servers on loopback pod addresses
+// (stand-ins for simulators: the scrape is real, the serving is not). The 10
+// peers are real federation servers in this process publishing synthetic pod
+// state that changes all the time. Picks are driven by the local gateway's
+// Envoy-faithful ext-proc client, one stream per pick.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/fleetinfer/fleetinfer/e2e/binaries"
+	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
+	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
+	"github.com/fleetinfer/fleetinfer/e2e/process"
+	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
+)
+
+type config struct {
+	out, stock                 string
+	reps, seq, conc, concPicks int
+	local, peers, perPeer      int
+	warmup                     int
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.out, "out", "bench/results", "directory for epp.json, epp.md and the SVG plots")
+	flag.StringVar(&c.stock, "stock-epp", "bin/gie-epp", "GIE v1.5.0's stock EPP binary (sigs.k8s.io/gateway-api-inference-extension/cmd/epp)")
+	flag.IntVar(&c.reps, "reps", 3, "repetitions (results are medians)")
+	flag.IntVar(&c.seq, "seq", 2000, "sequential picks per phase")
+	flag.IntVar(&c.conc, "conc", 8, "concurrent pickers")
+	flag.IntVar(&c.concPicks, "conc-picks", 4000, "picks of the concurrent phase")
+	flag.IntVar(&c.warmup, "warmup", 300, "warm-up picks before each phase")
+	flag.IntVar(&c.local, "local", 100, "local pods")
+	flag.IntVar(&c.peers, "peers", 10, "federation peers")
+	flag.IntVar(&c.perPeer, "per-peer", 90, "pods per peer")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, c); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func mkdir(p string) string {
+	_ = os.MkdirAll(p, 0o755)
+	return p
+}
+
+func run(ctx context.Context, c config) error {
+	began := time.Now()
+	dir, err := os.MkdirTemp("", "fleetinfer-bench-")
+	if err != nil {
+		return err
+	}
+	reg := &process.Registry{}
+	defer func() {
+		reg.StopAll(controlplane.StopGrace)
+		_ = os.RemoveAll(dir)
+	}()
+	cp, cl, err := startAPIServer(ctx, dir, reg)
+	if cp != nil {
+		defer cp.Stop()
+	}
+	if err != nil {
+		return err
+	}
+	addrs, err := createPool(ctx, cl, c.local)
+	if err != nil {
+		return err
+	}
+	servers, err := startModelServers(addrs)
+	if err != nil {
+		return err
+	}
+	defer servers.stop()
+	ca, err := federationtest.NewCA("fleetinfer-bench")
+	if err != nil {
+		return err
+	}
+	const localID = "spiffe://fleetinfer.bench/local"
+	peers, err := startFakePeers(ctx, ca, dir, c.peers, c.perPeer, localID, 50*time.Millisecond)
+	for _, p := range peers {
+		defer p.stop()
+	}
+	if err != nil {
+		return err
+	}
+	tls, err := ca.WriteFiles(mkdir(filepath.Join(dir, "local")), localID)
+	if err != nil {
+		return err
+	}
+	peersFile := filepath.Join(dir, "peers.yaml")
+	if err := os.WriteFile(peersFile, []byte(peerDirectory(peers)), 0o600); err != nil {
+		return err
+	}
+	b, err := binaries.Locate()
+	if err != nil {
+		return err
+	}
+	fedPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	variants := []variant{
+		{name: "gie-stock", binary: c.stock},
+		{name: "fleetinfer", binary: b.EPP, federated: c.peers * c.perPeer, args: []string{
+			"--federation-cluster=local", "--federation-peers-file=" + peersFile, "--federation-port=" + portString(fedPort),
+			"--federation-cert-file=" + tls.Cert, "--federation-key-file=" + tls.Key, "--federation-ca-file=" + tls.CA}},
+	}
+	res := results{Config: c, Started: began.UTC().Format(time.RFC3339), Machine: machine()}
+	for rep := range c.reps {
+		for _, v := range variants {
+			fmt.Printf("rep %d/%d: %s\n", rep+1, c.reps, v.name)
+			runs, err := measure(ctx, c, v, cp.AdminKubeconfig(), servers, dir, reg)
+			if err != nil {
+				return fmt.Errorf("%s: %w", v.name, err)
+			}
+			res.Runs = append(res.Runs, runs...)
+		}
+	}
+	res.summarize()
+	res.Duration = time.Since(began).Round(time.Second).String()
+	return res.write(c.out)
+}
+
+type variant struct {
+	name, binary string
+	args         []string
+	federated    int // remote endpoints expected, 0 for none
+}
+
+// run is one measured phase of one EPP process.
+type runResult struct {
+	EPP      string  `json:"epp"`
+	Scenario string  `json:"scenario"` // headroom | saturated
+	Load     string  `json:"load"`     // sequential | concurrent
+	Picks    int     `json:"picks"`
+	Errors   int     `json:"errors"`
+	P50Ms    float64 `json:"p50_ms"`
+	P90Ms    float64 `json:"p90_ms"`
+	P99Ms    float64 `json:"p99_ms"`
+	PerSec   float64 `json:"picks_per_s"`
+	Remote   int     `json:"remote_picks"`
+	// Federation, fleetinfer only, over the phase.
+	LagP50Ms      float64            `json:"remote_age_p50_ms,omitempty"`
+	LagP99Ms      float64            `json:"remote_age_p99_ms,omitempty"`
+	LagSamples    int                `json:"remote_age_samples,omitempty"`
+	BytesPerPeerS map[string]float64 `json:"bytes_per_s_per_peer,omitempty"`
+}
+
+func measure(ctx context.Context, c config, v variant, kubeconfig string, servers *modelServers, dir string, reg *process.Registry) ([]runResult, error) {
+	ports, err := controlplane.FreePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"--pool-name=" + benchPool, "--pool-namespace=" + benchNS,
+		"--grpc-port=" + portString(ports[0]), "--grpc-health-port=" + portString(ports[1]), "--metrics-port=" + portString(ports[2]),
+		"--secure-serving=false", "--tracing=false", "--metrics-endpoint-auth=false", "--enable-pprof=false", "--v=1"}, v.args...)
+	p, err := process.Start(process.Spec{Name: v.name, Path: v.binary, Args: args, Env: []string{"KUBECONFIG=" + kubeconfig},
+		LogPath: filepath.Join(dir, v.name+".log")}, reg)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Stop(controlplane.StopGrace)
+	metricsURL := "http://127.0.0.1:" + portString(ports[2]) + "/metrics"
+	if err := waitReady(ctx, "127.0.0.1:"+portString(ports[1]), metricsURL, v.federated, p); err != nil {
+		return nil, err
+	}
+	picker, err := extproc.Dial("127.0.0.1:" + portString(ports[0]))
+	if err != nil {
+		return nil, err
+	}
+	defer picker.Close()
+	var out []runResult
+	for _, scenario := range []string{"headroom", "saturated"} {
+		servers.saturated.Store(scenario == "saturated")
+		time.Sleep(time.Second) // a few scrapes, then the federation, catch up
+		for _, load := range []string{"sequential", "concurrent"} {
+			before, err := scrape(ctx, metricsURL)
+			if err != nil {
+				return nil, err
+			}
+			workers, picks := 1, c.seq
+			if load == "concurrent" {
+				workers, picks = c.conc, c.concPicks
+			}
+			if _, _, _, err := drive(ctx, picker, 1, c.warmup); err != nil {
+				return nil, err
+			}
+			start := time.Now()
+			lat, remote, errs, err := drive(ctx, picker, workers, picks)
+			if err != nil {
+				return nil, err
+			}
+			elapsed := time.Since(start)
+			after, err := scrape(ctx, metricsURL)
+			if err != nil {
+				return nil, err
+			}
+			r := runResult{EPP: v.name, Scenario: scenario, Load: load, Picks: len(lat), Errors: errs,
+				P50Ms: pct(lat, 50), P90Ms: pct(lat, 90), P99Ms: pct(lat, 99), PerSec: float64(len(lat)) / elapsed.Seconds(), Remote: remote}
+			if v.federated > 0 {
+				r.LagP50Ms, r.LagP99Ms, r.LagSamples = lagQuantiles(before, after)
+				r.BytesPerPeerS = bytesPerPeer(before, after, elapsed)
+			}
+			out = append(out, r)
+			fmt.Printf("  %-10s %-10s p50 %.2f ms  p99 %.2f ms  %.0f picks/s  remote %d  errors %d  age p99 %.0f ms\n",
+				scenario, load, r.P50Ms, r.P99Ms, r.PerSec, remote, errs, r.LagP99Ms)
+		}
+	}
+	servers.saturated.Store(false)
+	return out, nil
+}
+
+// waitReady waits for the EPP's ext-proc health, its local pods and, for
+// fleetinfer, every remote endpoint.
+func waitReady(ctx context.Context, healthAddr, metricsURL string, federated int, p *process.Process) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient(healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	for {
+		select {
+		case <-p.Done():
+			return fmt.Errorf("EPP exited: %v", p.ExitErr())
+		case <-ctx.Done():
+			return fmt.Errorf("EPP not ready: %w", errTimeout)
+		case <-time.After(200 * time.Millisecond):
+		}
+		resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			continue
+		}
+		if federated == 0 {
+			time.Sleep(2 * time.Second) // every pod scraped a few times
+			return nil
+		}
+		m, err := scrape(ctx, metricsURL)
+		if err != nil {
+			continue
+		}
+		total := 0.0
+		for k, v := range m {
+			if strings.HasPrefix(k, "fleetinfer_epp_federation_remote_endpoints{") {
+				total += v
+			}
+		}
+		if int(total) == federated {
+			return nil
+		}
+	}
+}
+
+// drive runs picks over workers concurrent pickers and returns their
+// latencies (headers sent to headers answer, as Envoy waits), how many went
+// to a remote pod and how many failed.
+func drive(ctx context.Context, picker *extproc.Client, workers, picks int) ([]time.Duration, int, int, error) {
+	var mu sync.Mutex
+	var lat []time.Duration
+	remote, errs := 0, 0
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range next {
+				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				p, err := picker.Pick(pctx, request(int(session.Add(1))))
+				cancel()
+				mu.Lock()
+				switch {
+				case err != nil || p.Immediate != nil:
+					errs++
+				default:
+					lat = append(lat, p.Latency)
+					if !strings.HasPrefix(p.Primary(), "127.20.") {
+						remote++
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range picks {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if errs > picks/100 {
+		return nil, 0, errs, fmt.Errorf("%d of %d picks failed", errs, picks)
+	}
+	return lat, remote, errs, ctx.Err()
+}
+
+// session makes every prompt of the run unique, so that prefix-cache
+// affinity from earlier phases does not steer picks.
+var session atomic.Int64
+
+var prompt = strings.Repeat("Summarise the following federation benchmark paragraph for a busy reader. ", 8)
+
+func request(i int) *extproc.Request {
+	body := fmt.Sprintf(`{"model":"bench","prompt":"[session %d] %s","max_tokens":16}`, i, prompt)
+	return &extproc.Request{Path: "/v1/completions", Header: http.Header{"Content-Type": {"application/json"},
+		"Content-Length": {strconv.Itoa(len(body))}}, Body: strings.NewReader(body)}
+}
+
+func pct(d []time.Duration, p float64) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return float64(s[i].Microseconds()) / 1000
+}
+
+// scrape reads a Prometheus text endpoint into series → value.
+func scrape(ctx context.Context, url string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, nil
+}
+
+// lagQuantiles estimates p50 and p99 of fleetinfer_epp_federation_lag_seconds
+// over a phase from the histogram's buckets (summed over peers), linearly
+// within a bucket.
+func lagQuantiles(before, after map[string]float64) (p50, p99 float64, n int) {
+	type bucket struct{ le, count float64 }
+	sums := map[float64]float64{}
+	for k, v := range after {
+		if !strings.HasPrefix(k, "fleetinfer_epp_federation_lag_seconds_bucket{") {
+			continue
+		}
+		i := strings.Index(k, `le="`)
+		le, err := strconv.ParseFloat(strings.TrimSuffix(k[i+4:], `"}`), 64)
+		if err != nil {
+			continue // +Inf
+		}
+		sums[le] += v - before[k]
+	}
+	var bs []bucket
+	for le, c := range sums {
+		bs = append(bs, bucket{le, c})
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	total := 0.0
+	for k, v := range after {
+		if strings.HasPrefix(k, "fleetinfer_epp_federation_lag_seconds_count{") {
+			total += v - before[k]
+		}
+	}
+	if total == 0 {
+		return 0, 0, 0
+	}
+	q := func(f float64) float64 {
+		rank, prevLE, prevC := f*total, 0.0, 0.0
+		for _, b := range bs {
+			if b.count >= rank {
+				if b.count == prevC {
+					return b.le * 1000
+				}
+				return 1000 * (prevLE + (b.le-prevLE)*(rank-prevC)/(b.count-prevC))
+			}
+			prevLE, prevC = b.le, b.count
+		}
+		return prevLE * 1000
+	}
+	return q(0.5), q(0.99), int(total)
+}
+
+func bytesPerPeer(before, after map[string]float64, d time.Duration) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range after {
+		if strings.HasPrefix(k, "fleetinfer_epp_federation_bytes_total{") && strings.Contains(k, `direction="received"`) {
+			i := strings.Index(k, `peer="`)
+			peer := k[i+6:]
+			peer = peer[:strings.IndexByte(peer, '"')]
+			out[peer] = (v - before[k]) / d.Seconds()
+		}
+	}
+	return out
+}
+
+func machine() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	model, cpus := "", 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "model name") {
+			cpus++
+			model = strings.TrimSpace(line[strings.IndexByte(line, ':')+1:])
+		}
+	}
+	return fmt.Sprintf("%d × %s", cpus, model)
+}

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+type results struct {
+	Config   config      `json:"-"`
+	Started  string      `json:"started"`
+	Duration string      `json:"duration"`
+	Machine  string      `json:"machine"`
+	Setup    setup       `json:"setup"`
+	Runs     []runResult `json:"runs"`
+	Summary  []summary   `json:"summary"`
+	Ratios   []ratio     `json:"ratios"`
+}
+
+type setup struct {
+	Repetitions  int    `json:"repetitions"`
+	LocalPods    int    `json:"local_pods"`
+	Peers        int    `json:"peers"`
+	PodsPerPeer  int    `json:"pods_per_peer"`
+	FederatedAll int    `json:"federated_pods"`
+	Sequential   int    `json:"sequential_picks"`
+	Concurrent   string `json:"concurrent"`
+	Notes        string `json:"notes"`
+}
+
+// summary is the median over repetitions of one EPP, scenario and load.
+type summary struct {
+	EPP, Scenario, Load string
+	P50Ms, P99Ms        float64
+	PerSec              float64
+	RemoteShare         float64
+	AgeP50Ms, AgeP99Ms  float64
+	BytesPerPeerS       float64
+}
+
+type ratio struct {
+	Scenario, Load string
+	// P99 and P50 are fleetinfer's over stock's; PerSec likewise.
+	P99, P50, PerSec float64
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func (r *results) summarize() {
+	c := r.Config
+	r.Setup = setup{Repetitions: c.reps, LocalPods: c.local, Peers: c.peers, PodsPerPeer: c.perPeer, FederatedAll: c.local + c.peers*c.perPeer,
+		Sequential: c.seq, Concurrent: fmt.Sprintf("%d picks over %d pickers", c.concPicks, c.conc),
+		Notes: "Local pods are metric servers on loopback pod addresses scraped by both EPPs every 50 ms (GIE's default); " +
+			"peers are real fleetinfer federation servers (mTLS) in the benchmark process publishing synthetic pod state " +
+			"(every pod re-scraped each 50 ms, a tenth of them changing each time). 'headroom': local pods report empty queues; " +
+			"'saturated': they report 10 waiting requests, so fleetinfer's candidates include every fresh remote pod."}
+	type key struct{ epp, scenario, load string }
+	groups := map[key][]runResult{}
+	var order []key
+	for _, run := range r.Runs {
+		k := key{run.EPP, run.Scenario, run.Load}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], run)
+	}
+	byKey := map[key]summary{}
+	for _, k := range order {
+		var p50, p99, ps, share, a50, a99, bps []float64
+		for _, run := range groups[k] {
+			p50, p99, ps = append(p50, run.P50Ms), append(p99, run.P99Ms), append(ps, run.PerSec)
+			share = append(share, float64(run.Remote)/float64(max(run.Picks, 1)))
+			if run.LagSamples > 0 {
+				a50, a99 = append(a50, run.LagP50Ms), append(a99, run.LagP99Ms)
+			}
+			var per []float64
+			for _, v := range run.BytesPerPeerS {
+				per = append(per, v)
+			}
+			if len(per) > 0 {
+				bps = append(bps, median(per))
+			}
+		}
+		s := summary{EPP: k.epp, Scenario: k.scenario, Load: k.load, P50Ms: median(p50), P99Ms: median(p99), PerSec: median(ps),
+			RemoteShare: median(share), AgeP50Ms: median(a50), AgeP99Ms: median(a99), BytesPerPeerS: median(bps)}
+		byKey[k] = s
+		r.Summary = append(r.Summary, s)
+	}
+	for _, k := range order {
+		if k.epp != "fleetinfer" {
+			continue
+		}
+		f, s := byKey[k], byKey[key{"gie-stock", k.scenario, k.load}]
+		if s.P99Ms == 0 {
+			continue
+		}
+		r.Ratios = append(r.Ratios, ratio{Scenario: k.scenario, Load: k.load, P99: f.P99Ms / s.P99Ms, P50: f.P50Ms / s.P50Ms, PerSec: f.PerSec / s.PerSec})
+	}
+}
+
+func (r *results) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "epp.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "epp-latency.svg"), []byte(r.latencySVG()), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "epp.md"), []byte(r.markdown()), 0o644)
+}
+
+func (r *results) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# EPP benchmark: fleetinfer (federated view of %d pods) vs GIE v1.5.0 stock (%d local pods)\n\n",
+		r.Setup.FederatedAll, r.Setup.LocalPods)
+	fmt.Fprintf(&b, "Written by `make bench` (bench/epp) on %s, %s, in %s. Medians of %d repetitions; each repetition runs both EPPs in turn.\n\n",
+		r.Machine, r.Started, r.Duration, r.Setup.Repetitions)
+	fmt.Fprintf(&b, "Setup: %d local pods; fleetinfer also federates with %d peers × %d pods. %d sequential picks, then %s, per phase. %s\n\n",
+		r.Setup.LocalPods, r.Setup.Peers, r.Setup.PodsPerPeer, r.Setup.Sequential, r.Setup.Concurrent, r.Setup.Notes)
+	b.WriteString("Pick latency is from sending the request headers to receiving their answer on one ext-proc stream (what Envoy waits), " +
+		"over the local gateway's Envoy-faithful ext-proc client.\n\n")
+	b.WriteString("## Pick latency and throughput\n\n| EPP | local pods | load | p50 ms | p99 ms | picks/s | remote picks |\n|---|---|---|---|---|---|---|\n")
+	for _, s := range r.Summary {
+		fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %.2f | %.0f | %.0f%% |\n", s.EPP, s.Scenario, s.Load, s.P50Ms, s.P99Ms, s.PerSec, 100*s.RemoteShare)
+	}
+	b.WriteString("\n## fleetinfer / stock\n\nTarget: p99 at most 1.1× stock's.\n\n| local pods | load | p99 ratio | p50 ratio | picks/s ratio | p99 target |\n|---|---|---|---|---|---|\n")
+	for _, q := range r.Ratios {
+		verdict := "met"
+		if q.P99 > 1.1 {
+			verdict = "missed"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %.2f | %s |\n", q.Scenario, q.Load, q.P99, q.P50, q.PerSec, verdict)
+	}
+	b.WriteString("\n## Federation freshness and traffic (fleetinfer)\n\n" +
+		"Age of remote data at pick time: for each pick whose candidates include remote pods, the stalest candidate pod of each peer " +
+		"(histogram `fleetinfer_epp_federation_lag_seconds`, quantiles interpolated within its buckets). Only the saturated phase has remote candidates. " +
+		"Bytes per second per peer: federation payload received from each peer (`fleetinfer_epp_federation_bytes_total`), median over peers. Target: p99 age under 250 ms.\n\n" +
+		"| local pods | load | age p50 ms | age p99 ms | bytes/s per peer |\n|---|---|---|---|---|\n")
+	for _, s := range r.Summary {
+		if s.EPP == "fleetinfer" {
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.0f |\n", s.Scenario, s.Load, s.AgeP50Ms, s.AgeP99Ms, s.BytesPerPeerS)
+		}
+	}
+	b.WriteString("\n![pick latency](epp-latency.svg)\n")
+	return b.String()
+}
+
+// latencySVG draws p50 and p99 bars per phase for both EPPs.
+func (r *results) latencySVG() string {
+	const w, h, left, bottom, top = 760, 340, 60, 60, 40
+	maxV := 0.0
+	for _, s := range r.Summary {
+		maxV = max(maxV, s.P99Ms)
+	}
+	if maxV == 0 {
+		maxV = 1
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", w, h)
+	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14">Pick latency, ms (p50 solid, p99 light): GIE stock vs fleetinfer</text>`+"\n", left)
+	plotH := float64(h - bottom - top)
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", left, h-bottom, w-10, h-bottom)
+	for i := 0; i <= 4; i++ {
+		v := maxV * float64(i) / 4
+		y := float64(h-bottom) - plotH*float64(i)/4
+		fmt.Fprintf(&b, `<text x="%d" y="%.0f" text-anchor="end">%.1f</text><line x1="%d" y1="%.0f" x2="%d" y2="%.0f" stroke="#ddd"/>`+"\n", left-5, y+4, v, left, y, w-10, y)
+	}
+	slot := float64(w-left-20) / float64(max(len(r.Summary), 1))
+	for i, s := range r.Summary {
+		x := float64(left) + slot*float64(i) + slot*0.15
+		color := "#4878a8"
+		if s.EPP == "fleetinfer" {
+			color = "#d0703c"
+		}
+		for _, bar := range []struct {
+			v   float64
+			op  string
+			off float64
+		}{{s.P99Ms, "0.35", 0}, {s.P50Ms, "1", slot * 0.2}} {
+			bh := plotH * bar.v / maxV
+			fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="%s" fill-opacity="%s"/>`+"\n",
+				x+bar.off, float64(h-bottom)-bh, slot*0.5, bh, color, bar.op)
+		}
+		fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="middle">%s</text><text x="%.0f" y="%d" text-anchor="middle">%s %s</text>`+"\n",
+			x+slot*0.35, h-bottom+15, s.EPP, x+slot*0.35, h-bottom+29, s.Scenario, s.Load[:3])
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
