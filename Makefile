@@ -33,7 +33,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated fuzz clean help
+.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated fuzz bench bench-epp clean help
 
 all: build
 
@@ -71,6 +71,12 @@ build: ## Build fleetinfer's binaries into bin/.
 test: tools build vet verify-generated fuzz ## Build everything and run every test.
 	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
 
+bench: bench-epp ## Run the benchmarks; results in bench/results/.
+
+bench-epp: tools build ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (100 pods); bench/results/epp.{json,md,svg}.
+	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
+	go run ./bench/epp -out bench/results -stock-epp $(BIN)/gie-epp
+
 demo: tools build ## Run the local fleet demo (DURATION=60s SPOKES=3).
 	$(BIN)/localfleet --duration $(DURATION) --spokes $(SPOKES)
 
@@ -97,4 +103,4 @@ verify-generated: ## Fail when `make manifests generate` would change a file.
 	hack/verify-generated.sh
 
 clean: ## Remove fleetinfer's binaries (keeps the pinned tools).
-	rm -f $(addprefix $(BIN)/,epp hub spoke localfleet)
+	rm -f $(addprefix $(BIN)/,epp gie-epp hub spoke localfleet)
