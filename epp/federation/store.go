@@ -225,11 +225,18 @@ func (s *Store) StaleAfter() time.Duration { return s.staleAfter }
 func (s *Store) set(cluster string, p *peerState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p == nil {
-		delete(s.peers, cluster)
-		return
-	}
 	s.peers[cluster] = p
+}
+
+// remove drops a peer's endpoints if they are still those of p: when a
+// peer's entry changes, the new stream may register before the old one has
+// finished leaving.
+func (s *Store) remove(cluster string, p *peerState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.peers[cluster] == p {
+		delete(s.peers, cluster)
+	}
 }
 
 // AppendFresh appends every remote endpoint whose data is within the

@@ -131,8 +131,6 @@ func (s *Subscriber) follow(ctx context.Context, p Peer) {
 	for {
 		began := time.Now()
 		reason, err := s.stream(ctx, p, origin)
-		s.opts.Store.set(p.Cluster, nil)
-		remoteEndpoints.WithLabelValues(p.Cluster).Set(0)
 		if ctx.Err() != nil {
 			return
 		}
@@ -180,6 +178,8 @@ func (s *Subscriber) stream(ctx context.Context, p Peer, origin *Origin) (string
 	connected := false
 	defer func() {
 		if connected {
+			s.opts.Store.remove(p.Cluster, state)
+			remoteEndpoints.WithLabelValues(p.Cluster).Set(0)
 			peersConnected.Dec()
 		}
 	}()
