@@ -137,7 +137,13 @@ func run(ctx context.Context, c config) error {
 	}
 	res := results{Config: c, Started: began.UTC().Format(time.RFC3339), Machine: machine()}
 	for rep := range c.reps {
-		for _, v := range variants {
+		// Alternate which EPP goes first, so that drift in the machine's
+		// background load does not favour one of them.
+		order := slices.Clone(variants)
+		if rep%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, v := range order {
 			fmt.Printf("rep %d/%d: %s\n", rep+1, c.reps, v.name)
 			runs, err := measure(ctx, c, v, cp.AdminKubeconfig(), servers, dir, reg)
 			if err != nil {

@@ -133,7 +133,7 @@ func (r *results) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# EPP benchmark: fleetinfer (federated view of %d pods) vs GIE v1.5.0 stock (%d local pods)\n\n",
 		r.Setup.FederatedAll, r.Setup.LocalPods)
-	fmt.Fprintf(&b, "Written by `make bench` (bench/epp) on %s, %s, in %s. Medians of %d repetitions; each repetition runs both EPPs in turn.\n\n",
+	fmt.Fprintf(&b, "Written by `make bench` (bench/epp) on %s, %s, in %s. Medians of %d repetitions; each repetition runs both EPPs in turn, alternating which goes first.\n\n",
 		r.Machine, r.Started, r.Duration, r.Setup.Repetitions)
 	fmt.Fprintf(&b, "Setup: %d local pods; fleetinfer also federates with %d peers × %d pods. %d sequential picks, then %s, per phase. %s\n\n",
 		r.Setup.LocalPods, r.Setup.Peers, r.Setup.PodsPerPeer, r.Setup.Sequential, r.Setup.Concurrent, r.Setup.Notes)
