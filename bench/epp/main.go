@@ -136,6 +136,7 @@ func run(ctx context.Context, c config) error {
 			"--federation-cert-file=" + tls.Cert, "--federation-key-file=" + tls.Key, "--federation-ca-file=" + tls.CA}},
 	}
 	res := results{Config: c, Started: began.UTC().Format(time.RFC3339), Machine: machine()}
+	res.LoadAverage[0] = loadAverage()
 	for rep := range c.reps {
 		// Alternate which EPP goes first, so that drift in the machine's
 		// background load does not favour one of them.
@@ -152,6 +153,7 @@ func run(ctx context.Context, c config) error {
 			res.Runs = append(res.Runs, runs...)
 		}
 	}
+	res.LoadAverage[1] = loadAverage()
 	res.summarize()
 	res.Duration = time.Since(began).Round(time.Second).String()
 	return res.write(c.out)
@@ -456,4 +458,13 @@ func machine() string {
 		}
 	}
 	return fmt.Sprintf("%d × %s", cpus, model)
+}
+
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	return f
 }

@@ -14,6 +14,9 @@ type results struct {
 	Started  string      `json:"started"`
 	Duration string      `json:"duration"`
 	Machine  string      `json:"machine"`
+	// LoadAverage is /proc/loadavg's 1-minute figure at the start and end:
+	// the machine is shared, and other work inflates tails.
+	LoadAverage [2]float64 `json:"load_average"`
 	Setup    setup       `json:"setup"`
 	Runs     []runResult `json:"runs"`
 	Summary  []summary   `json:"summary"`
@@ -135,6 +138,8 @@ func (r *results) markdown() string {
 		r.Setup.FederatedAll, r.Setup.LocalPods)
 	fmt.Fprintf(&b, "Written by `make bench` (bench/epp) on %s, %s, in %s. Medians of %d repetitions; each repetition runs both EPPs in turn, alternating which goes first.\n\n",
 		r.Machine, r.Started, r.Duration, r.Setup.Repetitions)
+	fmt.Fprintf(&b, "The machine's 1-minute load average was %.1f at the start and %.1f at the end (2 cores; other work on the machine inflates tails).\n\n",
+		r.LoadAverage[0], r.LoadAverage[1])
 	fmt.Fprintf(&b, "Setup: %d local pods; fleetinfer also federates with %d peers × %d pods. %d sequential picks, then %s, per phase. %s\n\n",
 		r.Setup.LocalPods, r.Setup.Peers, r.Setup.PodsPerPeer, r.Setup.Sequential, r.Setup.Concurrent, r.Setup.Notes)
 	b.WriteString("Pick latency is from sending the request headers to receiving their answer on one ext-proc stream (what Envoy waits), " +
