@@ -70,14 +70,24 @@ type cluster struct {
 
 func newCluster(t *testing.T, ca *federationtest.CA, name string, dir *DirectoryFile) *cluster {
 	t.Helper()
-	c := &cluster{name: name, identity: "spiffe://fleet.test/" + name, local: &localPods{}}
+	return newClusterAt(t, ca, name, dir, "127.0.0.1:0", nil)
+}
+
+// newClusterAt starts a cluster's publisher at addr serving local (new,
+// empty pods when nil), as a restarted EPP on the same address would.
+func newClusterAt(t *testing.T, ca *federationtest.CA, name string, dir *DirectoryFile, addr string, local *localPods) *cluster {
+	t.Helper()
+	if local == nil {
+		local = &localPods{}
+	}
+	c := &cluster{name: name, identity: "spiffe://fleet.test/" + name, local: local}
 	d := t.TempDir()
 	c.creds = loadCreds(t, ca, d, c.identity)
 	pub := NewPublisher(PublisherOptions{Pool: testPool, Local: c.local.list, Interval: 10 * time.Millisecond,
 		Heartbeat: 50 * time.Millisecond, LaggingAfter: time.Second, Authorize: Authorize(dir, testPool, name), Log: logr.Discard()})
 	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(c.creds.ServerConfig())))
 	federationv1.RegisterFederationServer(srv, pub)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,4 +299,39 @@ func subscribeOnce(addr string, cfg *tls.Config) error {
 	}
 	_, err = st.Recv()
 	return err
+}
+
+func TestSubscriberReconnectsWhenThePeerComesBack(t *testing.T) {
+	ca, err := federationtest.NewCA("fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "peers.yaml")
+	writeDirectoryFile(t, path, Peer{Cluster: "east", FederationAddress: "127.0.0.1:1", Identity: "spiffe://fleet.test/east"})
+	dir := &DirectoryFile{Path: path, Interval: 20 * time.Millisecond, Log: logr.Discard()}
+	if err := dir.Load(); err != nil {
+		t.Fatal(err)
+	}
+	west := newCluster(t, ca, "west", dir)
+	east := newCluster(t, ca, "east", dir)
+	west.local.set(localPod("a", "127.12.0.1", 0))
+	writeDirectoryFile(t, path, Peer{Cluster: "east", FederationAddress: east.addr, Identity: east.identity},
+		Peer{Cluster: "west", FederationAddress: west.addr, Identity: west.identity})
+	if err := dir.Load(); err != nil {
+		t.Fatal(err)
+	}
+	store := subscribe(t, "east", east.creds, dir)
+	count := func(want int) func() error {
+		return func() error {
+			if n := store.Count()["west"]; n != want {
+				return fmt.Errorf("%d endpoints of west, want %d", n, want)
+			}
+			return nil
+		}
+	}
+	waitFor(t, "west subscribed", count(1))
+	west.stop()
+	waitFor(t, "west dropped", count(0))
+	newClusterAt(t, ca, "west", dir, west.addr, west.local)
+	waitFor(t, "west back after reconnecting", count(1))
 }
