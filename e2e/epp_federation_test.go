@@ -17,10 +17,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -28,7 +30,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway"
 	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
@@ -74,7 +75,6 @@ dataLayer:
 // fedCluster is the pool in one cluster.
 type fedCluster struct {
 	c        *fleet.Cluster
-	index    int
 	identity string
 	mode     federation.Mode
 	epp      corev1.Pod
@@ -86,8 +86,10 @@ func (f *fedCluster) eppAddr(port int) string {
 	return net.JoinHostPort(f.epp.Status.PodIP, strconv.Itoa(port))
 }
 
+// gatewayAddr is host:port of the cluster gateway's peer listener, where
+// Parent-mode requests from other clusters arrive.
 func (f *fedCluster) gatewayAddr() string {
-	return net.JoinHostPort(fleet.GatewayAddress(f.index).String(), strconv.Itoa(gateway.DefaultPeerPort))
+	return strings.TrimPrefix(f.c.GatewayPeerURL(), "http://")
 }
 
 // startFederation deploys the pool in every spoke and waits until each EPP
@@ -103,7 +105,7 @@ func startFederation(t *testing.T, simArgs map[string]string, replicas map[strin
 	modes := []federation.Mode{federation.ModeEndpoint, federation.ModeEndpoint, federation.ModeParent}
 	clusters := map[string]*fedCluster{}
 	for i, s := range fl.Spokes {
-		f := &fedCluster{c: s, index: i, identity: "spiffe://fleetinfer.test/" + s.Name() + "/epp", mode: modes[i]}
+		f := &fedCluster{c: s, identity: "spiffe://fleetinfer.test/" + s.Name() + "/epp", mode: modes[i]}
 		clusters[s.Name()] = f
 		cert, key, err := ca.Issue(f.identity)
 		if err != nil {
@@ -124,7 +126,13 @@ func startFederation(t *testing.T, simArgs map[string]string, replicas map[strin
 					EndpointPickerRef: inferencev1.EndpointPickerRef{Name: fedPool + "-epp", Port: &inferencev1.Port{Number: 9002},
 						FailureMode: inferencev1.EndpointPickerFailOpen},
 				}},
-			fedEPPPod(ns, s.Name()))
+			fedEPPPod(ns, s.Name()),
+			&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: fedPool + "-epp", Namespace: ns},
+				Spec: corev1.ServiceSpec{Selector: map[string]string{"app": fedPool + "-epp"},
+					Ports: []corev1.ServicePort{{Name: "grpc", Port: 9002, TargetPort: intstrFromString("grpc")}}}},
+			// The same route in every cluster: a request forwarded in Parent
+			// mode keeps its host and meets the pool again at the peer.
+			gwRoute(ns, fedPool, fedHost(ns), gatewayv1.HTTPRouteRule{Matches: gwPrefixMatch("/"), BackendRefs: gwPoolBackend(fedPool)}))
 		for _, o := range objs {
 			if err := s.Client.Create(ctx, o); err != nil {
 				t.Fatalf("%s: create %T: %v", s.Name(), o, err)
@@ -154,6 +162,18 @@ func startFederation(t *testing.T, simArgs map[string]string, replicas map[strin
 		t.Cleanup(func() { _ = f.picker.Close() })
 	}
 	for _, s := range fl.Spokes {
+		eventually(t, 30*time.Second, s.Name()+" route accepted", func(ctx context.Context) error {
+			var r gatewayv1.HTTPRoute
+			if err := s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fedPool}, &r); err != nil {
+				return err
+			}
+			for _, p := range r.Status.Parents {
+				if meta.IsStatusConditionTrue(p.Conditions, string(gatewayv1.RouteConditionAccepted)) {
+					return nil
+				}
+			}
+			return fmt.Errorf("route parents %+v", r.Status.Parents)
+		})
 		cm := &corev1.ConfigMap{}
 		if err := s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "epp"}, cm); err != nil {
 			t.Fatal(err)
@@ -203,6 +223,8 @@ func startFederation(t *testing.T, simArgs map[string]string, replicas map[strin
 	}
 	return ns, clusters, ca
 }
+
+func fedHost(ns string) string { return fedPool + "." + ns + ".test" }
 
 func fedModelServer(ns string, replicas int32, simArgs string) *appsv1.Deployment {
 	d := vllmDeployment(ns, fedPool, 0)
@@ -415,6 +437,34 @@ func TestEPPFederation(t *testing.T) {
 		}
 	})
 
+	t.Run("requests entering east's gateway are served in west (Endpoint mode) and central (Parent mode)", func(t *testing.T) {
+		served := map[string]string{} // cluster → pod
+		names := map[string]string{}
+		for _, f := range []*fedCluster{west, central} {
+			pods, err := podsOf(context.Background(), f.c, ns, map[string]string{"app": fedPool})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range pods {
+				names[p.Name] = f.c.Name()
+			}
+		}
+		for i := 0; i < 40 && len(served) < 2; i++ {
+			resp, body := gwPost(t, east.c.GatewayURL(), fedHost(ns), "/v1/completions",
+				[]byte(fmt.Sprintf(`{"model":"llama","prompt":"through the gateway %d","max_tokens":2}`, i)), nil)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s: %s", resp.Status, body)
+			}
+			pod := resp.Header.Get(gwPodHeader)
+			if cluster, ok := names[pod]; ok {
+				served[cluster] = pod
+			}
+		}
+		if len(served) != 2 {
+			t.Fatalf("served remotely by %v, want a pod of west and of central", served)
+		}
+	})
+
 	t.Run("a killed peer's pods are no longer picked within 3 s", func(t *testing.T) {
 		pid, err := strconv.Atoi(strings.TrimPrefix(west.epp.Status.ContainerStatuses[0].ContainerID, "localfleet://"))
 		if err != nil {
@@ -424,17 +474,17 @@ func TestEPPFederation(t *testing.T) {
 			t.Fatal(err)
 		}
 		killed := time.Now()
-		lastWest := time.Time{}
+		var lastWest time.Duration
 		for time.Since(killed) < 4*time.Second {
 			if p := pick(t, east, fedCompletion("after the kill")); slices.Contains(west.pods, p.Primary()) {
-				lastWest = time.Now()
+				lastWest = time.Since(killed)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		if !lastWest.IsZero() && lastWest.Sub(killed) > 3*time.Second {
-			t.Fatalf("west's pod still picked %s after its EPP was killed", lastWest.Sub(killed))
+		if lastWest > 3*time.Second {
+			t.Fatalf("west's pod still picked %s after its EPP was killed", lastWest)
 		}
-		t.Logf("west last picked %v after the kill", lastWest.Sub(killed))
+		t.Logf("west last picked %v after the kill (0: never)", lastWest)
 	})
 	stop()
 
