@@ -47,6 +47,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -188,7 +189,8 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	if err != nil {
 		return nil, fmt.Errorf("failed to parse config - %w", err)
 	}
-	if os.Getenv("ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER") == "true" && !featureGates[flowcontrol.FeatureGate] {
+	// GIE's deprecated environment switch for flow control.
+	if on, _ := strconv.ParseBool(os.Getenv("ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER")); on && !featureGates[flowcontrol.FeatureGate] {
 		rawConfig.FeatureGates = append(rawConfig.FeatureGates, flowcontrol.FeatureGate)
 		featureGates[flowcontrol.FeatureGate] = true
 	}
