@@ -565,7 +565,7 @@ func TestGatewayRewritesPathAndProgramsRouteAndPoolStatus(t *testing.T) {
 	if err := s.spoke.Client.Get(ctx, client.ObjectKey{Namespace: fleet.Namespace, Name: fleet.GatewayName}, &gw); err != nil {
 		t.Fatal(err)
 	}
-	addr := fleet.GatewayAddress(0).String()
+	addr := fleet.GatewayAddress(s.spoke.NetworkIndex).String()
 	if !meta.IsStatusConditionTrue(gw.Status.Conditions, string(gatewayv1.GatewayConditionProgrammed)) ||
 		len(gw.Status.Addresses) != 1 || gw.Status.Addresses[0].Value != addr || len(gw.Status.Listeners) != 1 || gw.Status.Listeners[0].AttachedRoutes < 2 {
 		t.Errorf("gateway status %+v; want Programmed at %s with the test routes attached", gw.Status, addr)

@@ -27,7 +27,25 @@ func namespace(t *testing.T, c *fleet.Cluster) string {
 	if err := c.Client.Create(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
+	// Tests share the fleet and some count free GPUs: a test's pods go with
+	// it.
+	t.Cleanup(func() {
+		_ = c.Client.Delete(context.Background(), ns)
+		noPods(t, c, name)
+	})
 	return name
+}
+
+// noPods waits until namespace ns of cluster c has no pods left.
+func noPods(t *testing.T, c *fleet.Cluster, ns string) {
+	t.Helper()
+	eventually(t, 60*time.Second, "pods of "+ns+" gone from "+c.Name(), func(ctx context.Context) error {
+		pods, err := podsOf(ctx, c, ns, nil)
+		if err != nil || len(pods) > 0 {
+			return fmt.Errorf("%d pods left (%v)", len(pods), err)
+		}
+		return nil
+	})
 }
 
 // eventually retries check until it returns nil or timeout passes, then

@@ -7,6 +7,7 @@ package controlplane
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -50,6 +51,9 @@ type Options struct {
 	Controllers string
 	// Scheduler runs kube-scheduler, which binds pods to the fake nodes.
 	Scheduler bool
+	// AuditUsers are users whose writes (create, update, patch, delete)
+	// the API server records in AuditLog(), so tests can count them.
+	AuditUsers []string
 }
 
 // Admin identity of the fleet's own tooling.
@@ -261,24 +265,36 @@ func (c *ControlPlane) startEtcd(ctx context.Context) error {
 
 func (c *ControlPlane) startAPIServer(ctx context.Context) error {
 	pki := func(f string) string { return c.path("pki", f) }
-	p, err := c.start("kube-apiserver", c.opts.Binaries.KubeAPIServer,
-		"--etcd-servers=http://"+net.JoinHostPort(c.host, strconv.Itoa(c.etcdPort)),
-		"--bind-address="+c.host, "--advertise-address="+c.host,
-		"--secure-port="+strconv.Itoa(c.apiPort),
-		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"),
-		"--client-ca-file="+pki("ca.crt"),
+	args := []string{
+		"--etcd-servers=http://" + net.JoinHostPort(c.host, strconv.Itoa(c.etcdPort)),
+		"--bind-address=" + c.host, "--advertise-address=" + c.host,
+		"--secure-port=" + strconv.Itoa(c.apiPort),
+		"--tls-cert-file=" + pki("apiserver.crt"), "--tls-private-key-file=" + pki("apiserver.key"),
+		"--client-ca-file=" + pki("ca.crt"),
 		"--authorization-mode=RBAC",
-		"--service-account-issuer="+c.URL(),
-		"--service-account-key-file="+pki("sa.pub"),
-		"--service-account-signing-key-file="+pki("sa.key"),
+		"--service-account-issuer=" + c.URL(),
+		"--service-account-key-file=" + pki("sa.pub"),
+		"--service-account-signing-key-file=" + pki("sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--allow-privileged=true",
 		// The apiserver would publish its own loopback address in the
 		// "kubernetes" Endpoints, which validation rejects.
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
-		"--cert-dir="+c.path("pki"),
-	)
+		"--cert-dir=" + c.path("pki"),
+	}
+	if len(c.opts.AuditUsers) > 0 {
+		policy, err := auditPolicy(c.opts.AuditUsers)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(c.path("audit-policy.yaml"), policy, 0o600); err != nil {
+			return err
+		}
+		args = append(args, "--audit-policy-file="+c.path("audit-policy.yaml"),
+			"--audit-log-path="+c.AuditLog(), "--audit-log-format=json", "--audit-log-maxbackup=1")
+	}
+	p, err := c.start("kube-apiserver", c.opts.Binaries.KubeAPIServer, args...)
 	if err != nil {
 		return err
 	}
@@ -306,6 +322,21 @@ func (c *ControlPlane) startComponent(name, bin string, args ...string) error {
 		"--secure-port=0",
 	}, args...)...)
 	return err
+}
+
+// AuditLog is the path of the API server's audit log (see Options.AuditUsers).
+func (c *ControlPlane) AuditLog() string { return c.path("logs", "audit.log") }
+
+// auditPolicy records the writes of the given users and nothing else.
+func auditPolicy(users []string) ([]byte, error) {
+	policy := map[string]any{
+		"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": []string{"RequestReceived"},
+		"rules": []any{
+			map[string]any{"level": "Metadata", "users": users, "verbs": []string{"create", "update", "patch", "delete", "deletecollection"}},
+			map[string]any{"level": "None"},
+		},
+	}
+	return json.Marshal(policy)
 }
 
 // Running reports whether the control plane's processes are up.

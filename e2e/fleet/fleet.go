@@ -58,10 +58,15 @@ type Options struct {
 	// NoGateways skips the local gateway (package gateway) each spoke
 	// otherwise gets, with its GatewayClass and Gateway.
 	NoGateways bool
-	// NoControllers skips fleetinfer's own controllers (bin/spoke in each
-	// spoke), for tests of the fleet alone.
+	// NoControllers skips fleetinfer's own controllers (bin/hub on the hub,
+	// bin/spoke in each spoke), for tests of the fleet alone.
 	NoControllers bool
-	Log           logr.Logger
+	// HubArgs are extra flags for bin/hub.
+	HubArgs []string
+	// FirstNetwork is the network index (SpokeNetwork, GatewayAddress) of
+	// the first spoke, so that a second fleet can run beside another one.
+	FirstNetwork int
+	Log          logr.Logger
 }
 
 // Cluster is one member of the fleet.
@@ -75,6 +80,9 @@ type Cluster struct {
 	// Gateway serves the spoke's Gateway (see gateways.go); nil on the hub
 	// and with Options.NoGateways.
 	Gateway *gateway.Gateway
+	// NetworkIndex numbers the spoke's loopback range (SpokeNetwork,
+	// GatewayAddress).
+	NetworkIndex int
 	// ControllerMetrics is the Prometheus endpoint of fleetinfer's
 	// controller in this cluster, empty when it does not run one.
 	ControllerMetrics string
@@ -91,6 +99,7 @@ type Fleet struct {
 	StartupTime time.Duration
 
 	opts     Options
+	netLocks []*os.File
 	dir      string
 	ownDir   bool
 	cancel   context.CancelFunc
@@ -119,10 +128,18 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	if opts.StatusInterval <= 0 {
 		opts.StatusInterval = 2 * time.Second
 	}
-	if err := validate(opts.Spokes); err != nil {
+	if err := validate(opts.Spokes, opts.FirstNetwork); err != nil {
 		return nil, err
 	}
 	f = &Fleet{Registry: &process.Registry{}, opts: opts, dir: opts.Dir}
+	if opts.FirstNetwork == 0 {
+		// Fleets in other processes (a second test package, a demo) must
+		// not hand out the same pod addresses or gateway address.
+		if f.opts.FirstNetwork, f.netLocks, err = reserveNetworks(len(opts.Spokes)); err != nil {
+			return nil, err
+		}
+		opts.FirstNetwork = f.opts.FirstNetwork
+	}
 	if f.dir == "" {
 		if f.dir, err = os.MkdirTemp("", "fleetinfer-fleet-"); err != nil {
 			return nil, err
@@ -178,7 +195,8 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 
 	g, gctx = errgroup.WithContext(ctx)
 	for i, s := range f.Spokes {
-		g.Go(func() error { return f.startKubelet(gctx, s, i) })
+		s.NetworkIndex = opts.FirstNetwork + i
+		g.Go(func() error { return f.startKubelet(gctx, s, s.NetworkIndex) })
 	}
 	if !opts.NoGateways {
 		g.Go(func() error { return f.startGateways(gctx) })
@@ -194,11 +212,16 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	if err := f.registerSpokes(ctx, agentCtx); err != nil {
 		return f, err
 	}
+	if !opts.NoControllers {
+		if err := f.startHubController(ctx); err != nil {
+			return f, err
+		}
+	}
 	f.StartupTime = time.Since(began)
 	return f, nil
 }
 
-func validate(spokes []SpokeSpec) error {
+func validate(spokes []SpokeSpec, first int) error {
 	seen := map[string]bool{"hub": true}
 	for _, s := range spokes {
 		if s.Name == "" || seen[s.Name] {
@@ -209,7 +232,7 @@ func validate(spokes []SpokeSpec) error {
 			return fmt.Errorf("spoke %s has no nodes", s.Name)
 		}
 	}
-	if len(spokes) > 100 {
+	if len(spokes)+first > 100 {
 		return errors.New("at most 100 spokes: each gets a 127.x.0.0/16 range from 127.11")
 	}
 	return nil
@@ -219,7 +242,7 @@ func (f *Fleet) startCluster(ctx context.Context, name string, spoke bool, crdLi
 	b := f.opts.Binaries
 	cp, err := controlplane.New(controlplane.Options{
 		Name: name, Dir: filepath.Join(f.dir, name), Registry: f.Registry,
-		ControllerManager: true, Scheduler: spoke,
+		ControllerManager: true, Scheduler: spoke, AuditUsers: []string{HubUser},
 		Binaries: controlplane.Binaries{Etcd: b.Etcd, KubeAPIServer: b.KubeAPIServer,
 			KubeControllerManager: b.KubeControllerManager, KubeScheduler: b.KubeScheduler},
 	})
@@ -258,6 +281,8 @@ func (f *Fleet) startKubelet(ctx context.Context, c *Cluster, index int) error {
 			kubelet.SimulatorRuntime{Binary: b.Simulator, Repos: kubelet.DefaultModelServerImages, DefaultArgs: c.Spec.SimulatorArgs},
 			kubelet.BinaryRuntime{Description: "fleetinfer EPP images as bin/epp", Repos: []string{"fleetinfer/epp"}, Binary: b.EPP,
 				PortFlags: map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090, "federation-port": 9004}},
+			kubelet.BinaryRuntime{Description: "fleetinfer spoke images as bin/spoke", Repos: []string{"fleetinfer/spoke"}, Binary: b.Spoke,
+				AddressFlags: map[string]int32{"metrics-bind-address": 8080, "health-probe-bind-address": 8081}},
 			kubelet.CompletedRuntime{Description: "KServe storage-initializer (no model weights to fetch)", Repos: []string{"kserve/storage-initializer"}},
 		},
 	})
@@ -294,6 +319,7 @@ func (f *Fleet) Dir() string { return f.dir }
 // directory. It is safe to call more than once.
 func (f *Fleet) Stop() {
 	f.stopOnce.Do(func() {
+		defer releaseNetworks(f.netLocks)
 		if f.cancel != nil {
 			f.cancel()
 		}

@@ -80,6 +80,7 @@ func Compute(nodes []corev1.Node, pods []corev1.Pod) fleetv1alpha1.ClusterCapaci
 		used := requested[n.Name]
 		a.Requested += used
 		a.LargestFreeOnNode = max(a.LargestFreeOnNode, alloc-used)
+		addFree(a, max(alloc-used, 0))
 	}
 	var summary []string
 	for _, a := range byProduct {
@@ -92,6 +93,17 @@ func Compute(nodes []corev1.Node, pods []corev1.Pod) fleetv1alpha1.ClusterCapaci
 	}
 	st.Summary = strings.Join(summary, ", ")
 	return st
+}
+
+func addFree(a *fleetv1alpha1.AcceleratorCapacity, free int64) {
+	for i := range a.FreeNodes {
+		if a.FreeNodes[i].Free == free {
+			a.FreeNodes[i].Nodes++
+			return
+		}
+	}
+	a.FreeNodes = append(a.FreeNodes, fleetv1alpha1.FreeBucket{Free: free, Nodes: 1})
+	sort.Slice(a.FreeNodes, func(i, j int) bool { return a.FreeNodes[i].Free > a.FreeNodes[j].Free })
 }
 
 func nodeReady(n *corev1.Node) bool {

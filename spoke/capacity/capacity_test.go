@@ -59,6 +59,12 @@ func TestComputeCountsFreeGPUsPerProduct(t *testing.T) {
 	if h100.Product != "H100" || h100.Allocatable != 16 || h100.Requested != 7 || h100.Free != 9 || h100.LargestFreeOnNode != 7 || h100.Nodes != 2 || h100.MemoryMiB != 81559 {
 		t.Errorf("H100 %+v", h100)
 	}
+	if got := h100.PodsThatFit(4); got != 1 {
+		t.Errorf("4-GPU pods that fit on H100 nodes with 2 and 7 free: %d, want 1 (buckets %+v)", got, h100.FreeNodes)
+	}
+	if got := h100.PodsThatFit(1); got != 9 {
+		t.Errorf("1-GPU pods that fit: %d, want 9", got)
+	}
 	if a100.Product != "A100" || a100.Free != 0 || a100.LargestFreeOnNode != 0 {
 		t.Errorf("A100 %+v", a100)
 	}

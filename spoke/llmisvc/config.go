@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
@@ -101,7 +100,7 @@ func (r *Reconciler) compose(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 	}
 	// The shape of the service (scheduler, route, worker, prefill) may come
 	// from baseRefs, so presets are chosen from a first merge without them.
-	shape, err := mergeAll(append(bases, svc.Spec))
+	shape, err := v1alpha2.MergeAll(append(bases, svc.Spec))
 	if err != nil {
 		return nil, &configError{reason: ReasonCombineError, err: err}
 	}
@@ -116,7 +115,7 @@ func (r *Reconciler) compose(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 		presetRefs = append(presetRefs, v1alpha2.AppliedConfigRef{Name: gwapiv1.ObjectName(cfg.Name),
 			Namespace: gwapiv1.Namespace(cfg.Namespace), Source: v1alpha2.AppliedConfigSourcePreset})
 	}
-	merged, err := mergeAll(append(append(presets, bases...), svc.Spec))
+	merged, err := v1alpha2.MergeAll(append(append(presets, bases...), svc.Spec))
 	if err != nil {
 		return nil, &configError{reason: ReasonCombineError, err: err}
 	}
@@ -185,51 +184,6 @@ func (r *Reconciler) config(ctx context.Context, ns, name string) (*v1alpha2.LLM
 	}
 	return nil, &configError{reason: ReasonConfigNotFound, terminal: true,
 		err: fmt.Errorf("LLMInferenceServiceConfig %q not found in namespace %q or the system namespace %q", name, ns, r.opts.SystemNamespace)}
-}
-
-// mergeAll folds the specs left to right, each overriding the previous.
-func mergeAll(specs []v1alpha2.LLMInferenceServiceSpec) (v1alpha2.LLMInferenceServiceSpec, error) {
-	var out v1alpha2.LLMInferenceServiceSpec
-	for i, s := range specs {
-		if i == 0 {
-			out = *s.DeepCopy()
-			continue
-		}
-		var err error
-		if out, err = mergeSpecs(out, s); err != nil {
-			return out, err
-		}
-	}
-	return out, nil
-}
-
-// mergeSpecs applies override on top of base with strategic merge patch
-// semantics. The patch is the difference between an empty spec and the
-// override, so fields the override leaves unset never clear the base.
-func mergeSpecs(base, override v1alpha2.LLMInferenceServiceSpec) (v1alpha2.LLMInferenceServiceSpec, error) {
-	var out v1alpha2.LLMInferenceServiceSpec
-	baseJSON, err := json.Marshal(base)
-	if err != nil {
-		return out, err
-	}
-	overJSON, err := json.Marshal(override)
-	if err != nil {
-		return out, err
-	}
-	zeroJSON, err := json.Marshal(v1alpha2.LLMInferenceServiceSpec{})
-	if err != nil {
-		return out, err
-	}
-	patch, err := strategicpatch.CreateTwoWayMergePatch(zeroJSON, overJSON, v1alpha2.LLMInferenceServiceSpec{})
-	if err != nil {
-		return out, fmt.Errorf("diff override: %w", err)
-	}
-	merged, err := strategicpatch.StrategicMergePatch(baseJSON, patch, v1alpha2.LLMInferenceServiceSpec{})
-	if err != nil {
-		return out, fmt.Errorf("merge: %w", err)
-	}
-	err = json.Unmarshal(merged, &out)
-	return out, err
 }
 
 // render executes the merged spec, as JSON text, as a Go template with the

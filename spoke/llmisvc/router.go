@@ -59,6 +59,7 @@ const (
 	gatewayGroup               = "gateway.networking.k8s.io"
 	inferencePoolKind          = "InferencePool"
 	eppMetricsAuthDisabledFlag = "--metrics-endpoint-auth=false"
+	exportAnnotation           = "inference.networking.x-k8s.io/export"
 )
 
 // routing is what reconcileRouter learns while reconciling, for the
@@ -176,6 +177,12 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 		ObjectMeta: metav1.ObjectMeta{Name: poolName(svc), Namespace: svc.Namespace, Labels: selectorLabels(svc)},
 		Spec:       *pool.DeepCopy(),
 	}
+	// A service the hub distributes asks for its pool to be exported to the
+	// fleet (GIE multi-cluster proposal); the hub's export controller acts
+	// on the pool's annotation.
+	if v := svc.Annotations[exportAnnotation]; v != "" {
+		want.Annotations = map[string]string{exportAnnotation: v}
+	}
 	if err := ensure(ctx, r, svc, want, func(cur, want *igwapiv1.InferencePool, stale bool) bool {
 		if !stale && derivedEqual(want.Spec, cur.Spec) {
 			return false
@@ -193,6 +200,13 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 	}
 	return errors.Join(errs...)
 }
+
+// The API server lets the spoke create the endpoint picker's Role only if the
+// spoke holds every permission in it (or may escalate, which would let it
+// grant anything): it holds them, cluster-wide since services live in any
+// namespace. Pods and events it holds already for its own work.
+// +kubebuilder:rbac:groups=inference.networking.x-k8s.io,resources=inferencepools;inferenceobjectives;inferencemodelrewrites,verbs=get;list;watch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 
 // reconcileEPPIdentity gives the endpoint picker its own service account with
 // read access to the pods and pools of its namespace (and leases for leader

@@ -66,9 +66,35 @@ type AcceleratorCapacity struct {
 	Free int64 `json:"free"`
 	// LargestFreeOnNode is the most a single pod can still get on one node.
 	LargestFreeOnNode int64 `json:"largestFreeOnNode"`
+	// FreeNodes counts nodes by how many accelerators they have free, so a
+	// placement can tell how many pods of a given size still fit.
+	// +optional
+	// +listType=map
+	// +listMapKey=free
+	FreeNodes []FreeBucket `json:"freeNodes,omitempty"`
 	// MemoryMiB is the memory of one accelerator, when labelled.
 	// +optional
 	MemoryMiB int64 `json:"memoryMiB,omitempty"`
+}
+
+// FreeBucket is the number of nodes with a given number of free
+// accelerators.
+type FreeBucket struct {
+	Free  int64 `json:"free"`
+	Nodes int32 `json:"nodes"`
+}
+
+// PodsThatFit is how many pods requesting perPod accelerators of this
+// product can still be scheduled, node by node.
+func (a *AcceleratorCapacity) PodsThatFit(perPod int64) int64 {
+	if perPod <= 0 {
+		return 0
+	}
+	var n int64
+	for _, b := range a.FreeNodes {
+		n += int64(b.Nodes) * (b.Free / perPod)
+	}
+	return n
 }
 
 // +kubebuilder:object:root=true

@@ -38,6 +38,40 @@ type LLMInferenceServiceStatus struct {
 	// +optional
 	// +listType=atomic
 	AppliedConfigRefs []AppliedConfigRef `json:"appliedConfigs,omitempty"`
+
+	// Clusters is set by the fleetinfer hub on the service it places: one
+	// entry per GPU cluster that runs (or is leaving) a copy. A fleetinfer
+	// extension; KServe's schema has no such field.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Clusters []ClusterStatus `json:"clusters,omitempty"`
+}
+
+// ClusterStatus is one cluster's copy of a hub service.
+type ClusterStatus struct {
+	// Name of the cluster.
+	Name string `json:"name"`
+	// DesiredReplicas is the cluster's share.
+	DesiredReplicas int32 `json:"desiredReplicas"`
+	// PlacementReason says why the cluster got its share.
+	// +optional
+	PlacementReason string `json:"placementReason,omitempty"`
+	// ReadyReplicas is what the copy reports.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// Ready is the copy's Ready condition.
+	Ready bool `json:"ready"`
+	// Phase: Placing (copy being created), Running, Leaving (kept until
+	// replacements are ready), Unreachable.
+	// +optional
+	Phase string `json:"phase,omitempty"`
+	// URL of the copy, as its cluster reports it.
+	// +optional
+	URL string `json:"url,omitempty"`
+	// Message explains a copy that is not ready.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // Status is the condition block shared by services and configs, in the

@@ -1,0 +1,238 @@
+package distribute
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
+)
+
+// observed is what a cluster holds of a service.
+type observed struct {
+	exists        bool
+	ours          bool // created by this hub (managed-by label)
+	replicas      int32
+	readyReplicas int32
+	ready         bool
+	url           string
+	message       string
+	obj           *v1alpha2.LLMInferenceService
+	err           error // the cluster could not be read
+}
+
+// observe reads the service's copy in every available cluster.
+func (r *Reconciler) observe(ctx context.Context, svc *v1alpha2.LLMInferenceService, clusters []inventory.Cluster) map[string]*observed {
+	out := map[string]*observed{}
+	for _, c := range clusters {
+		o := &observed{}
+		out[c.Name] = o
+		if !c.Available() {
+			o.err = errors.New(c.Reason)
+			continue
+		}
+		cp := &v1alpha2.LLMInferenceService{}
+		err := c.Client.Get(ctx, client.ObjectKeyFromObject(svc), cp)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			o.err = err
+			continue
+		}
+		o.exists, o.obj = true, cp
+		o.ours = cp.Labels[ManagedByLabel] == ManagedByValue
+		o.replicas = ptr.Deref(cp.Spec.Replicas, 1)
+		if w := cp.Status.Workloads; w != nil && w.Primary != nil {
+			o.readyReplicas = ptr.Deref(w.Primary.ReadyReplicas, 0)
+		}
+		o.ready = cp.Status.IsTrue(v1alpha2.Ready) && cp.Status.ObservedGeneration == cp.Generation
+		o.url = ptr.Deref(cp.Status.URL, "")
+		o.message = firstProblem(cp)
+	}
+	return out
+}
+
+// firstProblem is the message of the copy's first False condition.
+func firstProblem(s *v1alpha2.LLMInferenceService) string {
+	for _, t := range append([]v1alpha2.ConditionType{v1alpha2.PresetsCombined}, append(append(v1alpha2.WorkloadSubConditions, v1alpha2.RouterSubConditions...), v1alpha2.Ready)...) {
+		if c := s.Status.GetCondition(t); c != nil && c.Status == corev1.ConditionFalse {
+			return fmt.Sprintf("%s: %s", t, c.Message)
+		}
+	}
+	return ""
+}
+
+// distribute converges the copies on the decision, make-before-break: a
+// cluster gains replicas at once, but loses them (or its copy) only once
+// every cluster of the decision reports its full share ready, so moving a
+// service never drops capacity first.
+func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceService, d decision, clusters []inventory.Cluster, copies map[string]*observed) error {
+	settled := true
+	for name, want := range d.want {
+		o := copies[name]
+		if o == nil || !o.ours || !o.ready || o.readyReplicas < want {
+			settled = false
+		}
+	}
+	var errs []error
+	for _, c := range clusters {
+		o := copies[c.Name]
+		want, chosen := d.want[c.Name]
+		switch {
+		case !c.Available() || o.err != nil:
+			// Nothing can be written; failover (in decide) handles it.
+		case chosen && o.exists && !o.ours:
+			// Someone else's object: reported, never overwritten.
+		case chosen:
+			replicas := want
+			if o.exists && o.replicas > want && !settled {
+				replicas = o.replicas // shrink once the others are ready
+			}
+			if err := r.ensureCopy(ctx, c, svc, replicas, o); err != nil {
+				errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
+			}
+		case o.exists && o.ours && settled:
+			if err := deleteCopy(ctx, c, svc.Namespace, svc.Name); err != nil {
+				errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// desiredCopy is the service as one cluster runs it: the hub's spec with the
+// cluster's replicas, labelled as the hub's.
+func desiredCopy(svc *v1alpha2.LLMInferenceService, replicas int32) *v1alpha2.LLMInferenceService {
+	cp := &v1alpha2.LLMInferenceService{
+		ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: svc.Namespace,
+			Labels: maps.Clone(svc.Labels), Annotations: maps.Clone(svc.Annotations)},
+		Spec: *svc.Spec.DeepCopy(),
+	}
+	if cp.Labels == nil {
+		cp.Labels = map[string]string{}
+	}
+	if cp.Annotations == nil {
+		cp.Annotations = map[string]string{}
+	}
+	delete(cp.Annotations, corev1.LastAppliedConfigAnnotation)
+	cp.Labels[ManagedByLabel] = ManagedByValue
+	cp.Annotations[OriginUIDAnnotation] = string(svc.UID)
+	if rt := svc.Spec.Router; rt != nil && rt.Scheduler != nil {
+		cp.Annotations[ExportAnnotation] = ExportClusterSet
+	}
+	// With autoscaling the spoke's autoscaler owns replicas (the schema
+	// forbids both).
+	if svc.Spec.Scaling == nil {
+		cp.Spec.Replicas = ptr.To(replicas)
+	}
+	return cp
+}
+
+// ensureCopy creates or updates the copy, and the namespace and configs it
+// needs, writing only what differs.
+func (r *Reconciler) ensureCopy(ctx context.Context, c inventory.Cluster, svc *v1alpha2.LLMInferenceService, replicas int32, o *observed) error {
+	want := desiredCopy(svc, replicas)
+	if err := r.ensureNamespace(ctx, c, svc.Namespace); err != nil {
+		return err
+	}
+	if err := r.ensureConfigs(ctx, c, svc); err != nil {
+		return err
+	}
+	if !o.exists {
+		if err := c.Client.Create(ctx, want); err != nil {
+			return err
+		}
+		copyWrites.WithLabelValues(c.Name, "create").Inc()
+		return nil
+	}
+	cur := o.obj.DeepCopy()
+	if equality.Semantic.DeepEqual(cur.Spec, want.Spec) && equality.Semantic.DeepEqual(cur.Labels, want.Labels) &&
+		equality.Semantic.DeepEqual(cur.Annotations, want.Annotations) {
+		return nil
+	}
+	cur.Spec, cur.Labels, cur.Annotations = want.Spec, want.Labels, want.Annotations
+	if err := c.Client.Update(ctx, cur); err != nil {
+		return err
+	}
+	copyWrites.WithLabelValues(c.Name, "update").Inc()
+	return nil
+}
+
+// ensureNamespace creates the service's namespace in the spoke when missing.
+// The hub never deletes namespaces: they may hold anything.
+func (r *Reconciler) ensureNamespace(ctx context.Context, c inventory.Cluster, name string) error {
+	ns := &corev1.Namespace{}
+	err := c.Client.Get(ctx, client.ObjectKey{Name: name}, ns)
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{ManagedByLabel: ManagedByValue}}}
+	return client.IgnoreAlreadyExists(c.Client.Create(ctx, ns))
+}
+
+// ensureConfigs copies the LLMInferenceServiceConfigs the service names in
+// baseRefs that exist in its hub namespace; others are expected in the spoke
+// (its presets, or configs its owners manage there).
+func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc *v1alpha2.LLMInferenceService) error {
+	for _, ref := range svc.Spec.BaseRefs {
+		src := &v1alpha2.LLMInferenceServiceConfig{}
+		if err := r.hub.Get(ctx, client.ObjectKey{Namespace: svc.Namespace, Name: ref.Name}, src); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return err
+		}
+		want := &v1alpha2.LLMInferenceServiceConfig{
+			ObjectMeta: metav1.ObjectMeta{Name: src.Name, Namespace: src.Namespace, Labels: maps.Clone(src.Labels)},
+			Spec:       *src.Spec.DeepCopy(),
+		}
+		if want.Labels == nil {
+			want.Labels = map[string]string{}
+		}
+		want.Labels[ManagedByLabel] = ManagedByValue
+		cur := &v1alpha2.LLMInferenceServiceConfig{}
+		err := c.Client.Get(ctx, client.ObjectKeyFromObject(want), cur)
+		switch {
+		case apierrors.IsNotFound(err):
+			if err := c.Client.Create(ctx, want); err != nil {
+				return err
+			}
+		case err != nil:
+			return err
+		case cur.Labels[ManagedByLabel] != ManagedByValue:
+			// The spoke has its own config of that name: it wins there.
+		case !equality.Semantic.DeepEqual(cur.Spec, want.Spec) || !equality.Semantic.DeepEqual(cur.Labels, want.Labels):
+			cur.Spec, cur.Labels = want.Spec, want.Labels
+			if err := c.Client.Update(ctx, cur); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// deleteCopy deletes the hub's copy of a service, if it is the hub's.
+func deleteCopy(ctx context.Context, c inventory.Cluster, ns, name string) error {
+	cp := &v1alpha2.LLMInferenceService{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cp); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if cp.Labels[ManagedByLabel] != ManagedByValue || !cp.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	if err := c.Client.Delete(ctx, cp); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	copyWrites.WithLabelValues(c.Name, "delete").Inc()
+	return nil
+}

@@ -1,0 +1,108 @@
+package distribute
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+)
+
+// PlacementStatus summarizes, on each InferencePlacement, the decisions the
+// service reconciler made for the services it selects.
+type PlacementStatus struct {
+	Hub client.Client
+}
+
+// Reconcile writes one placement's status.
+func (r *PlacementStatus) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
+	p := &fleetv1alpha1.InferencePlacement{}
+	if err := r.Hub.Get(ctx, req.NamespacedName, p); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	var list v1alpha2.LLMInferenceServiceList
+	if err := r.Hub.List(ctx, &list, client.InNamespace(p.Namespace)); err != nil {
+		return ctrl.Result{}, err
+	}
+	want := p.Status.DeepCopy()
+	want.ObservedGeneration = p.Generation
+	want.Services, want.PlacedServices = nil, 0
+	var notReady []string
+	for i := range list.Items {
+		svc := &list.Items[i]
+		if !selects(p, svc) {
+			continue
+		}
+		d := fleetv1alpha1.ServiceDecision{Name: svc.Name}
+		if c := svc.Status.GetCondition(Placed); c != nil {
+			d.Message = c.Message
+			if c.Status == "True" {
+				want.PlacedServices++
+			}
+		}
+		for _, c := range svc.Status.Clusters {
+			if c.Phase != PhaseLeaving {
+				d.Clusters = append(d.Clusters, fleetv1alpha1.ClusterDecision{Name: c.Name, Replicas: c.DesiredReplicas, Reason: c.PlacementReason})
+			}
+		}
+		want.Services = append(want.Services, d)
+		if !svc.Status.IsTrue(v1alpha2.Ready) {
+			notReady = append(notReady, svc.Name)
+		}
+	}
+	sort.Slice(want.Services, func(i, j int) bool { return want.Services[i].Name < want.Services[j].Name })
+	cond := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "ServicesReady",
+		Message: fmt.Sprintf("%d services placed and ready", len(want.Services)), ObservedGeneration: p.Generation}
+	switch {
+	case len(want.Services) == 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "NoServices", "the serviceSelector selects no LLMInferenceService in this namespace"
+	case len(notReady) > 0:
+		sort.Strings(notReady)
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "ServicesNotReady", "not ready: "+strings.Join(notReady, ", ")
+	}
+	meta.SetStatusCondition(&want.Conditions, cond)
+	if equality.Semantic.DeepEqual(&p.Status, want) {
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{}, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &fleetv1alpha1.InferencePlacement{}
+		if err := r.Hub.Get(ctx, req.NamespacedName, cur); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		cur.Status = *want
+		return r.Hub.Status().Update(ctx, cur)
+	})
+}
+
+// SetupWithManager registers the reconciler on the hub.
+func (r *PlacementStatus) SetupWithManager(mgr mcmanager.Manager) error {
+	return mcbuilder.ControllerManagedBy(mgr).
+		Named("hub-inferenceplacement-status").
+		For(&fleetv1alpha1.InferencePlacement{}, mcbuilder.WithEngageWithLocalCluster(true), mcbuilder.WithEngageWithProviderClusters(false)).
+		Watches(&v1alpha2.LLMInferenceService{}, mapOnHub(r.placementsOfService), onHub...).
+		Complete(r)
+}
+
+func (r *PlacementStatus) placementsOfService(ctx context.Context, o client.Object) []mcreconcile.Request {
+	var list fleetv1alpha1.InferencePlacementList
+	if err := r.Hub.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	out := make([]mcreconcile.Request, 0, len(list.Items))
+	for _, p := range list.Items {
+		out = append(out, hubRequest(p.Namespace, p.Name))
+	}
+	return out
+}

@@ -1,0 +1,280 @@
+// Package export is the export controller of the GIE multi-cluster
+// proposal, run by the hub: an InferencePool that a cluster exports (the
+// annotation inference.networking.x-k8s.io/export: ClusterSet) gets an
+// Exported parent entry in its status, and every member cluster gets an
+// InferencePoolImport of the same namespace and name listing the exporting
+// clusters. When no cluster exports a pool any more, its imports are
+// withdrawn.
+package export
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
+)
+
+// ControllerName names the hub in pool parents and import controllers.
+const ControllerName = "fleetinfer.io/hub"
+
+// ManagedByLabel marks the imports the hub created; it touches no other.
+const (
+	ManagedByLabel = "fleet.fleetinfer.io/managed-by"
+	ManagedByValue = "fleetinfer-hub"
+)
+
+var importedPools = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "fleetinfer_hub_exported_pool_clusters",
+	Help: "Clusters exporting an InferencePool.",
+}, []string{"namespace", "pool"})
+
+func init() { ctrlmetrics.Registry.MustRegister(importedPools) }
+
+// Reconciler reconciles one exported pool (by namespace/name) across the
+// fleet.
+type Reconciler struct {
+	Inv *inventory.Inventory
+}
+
+// +kubebuilder:rbac:groups=inference.networking.k8s.io,resources=inferencepools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=inference.networking.k8s.io,resources=inferencepools/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=inference.networking.x-k8s.io,resources=inferencepoolimports,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=inference.networking.x-k8s.io,resources=inferencepoolimports/status,verbs=get;update;patch
+
+// Reconcile converges one pool's exports and imports. A cluster that cannot
+// be reached keeps what it has until it is back.
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
+	clusters := r.Inv.Clusters(ctx)
+	var exporting []string
+	var errs []error
+	for _, c := range clusters {
+		p := &igwapiv1.InferencePool{}
+		err := c.Client.Get(ctx, req.NamespacedName, p)
+		switch {
+		case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+			continue
+		case err != nil:
+			errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
+			continue
+		}
+		if p.Annotations[igwapixv1alpha1.ExportAnnotationKey] != igwapixv1alpha1.ExportAnnotationVal || !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		exporting = append(exporting, c.Name)
+		if c.Available() {
+			if err := markExported(ctx, c.Client, p); err != nil {
+				errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
+			}
+		}
+	}
+	sort.Strings(exporting)
+	importedPools.WithLabelValues(req.Namespace, req.Name).Set(float64(len(exporting)))
+	for _, c := range clusters {
+		if !c.Available() {
+			continue
+		}
+		var err error
+		if len(exporting) == 0 {
+			err = withdraw(ctx, c.Client, req.NamespacedName)
+		} else {
+			err = ensureImport(ctx, c.Client, req.NamespacedName, exporting)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
+		}
+	}
+	if len(exporting) == 0 {
+		importedPools.DeleteLabelValues(req.Namespace, req.Name)
+	}
+	return ctrl.Result{}, errors.Join(errs...)
+}
+
+// markExported sets the hub's parent entry on the pool: a parent of kind
+// InferencePoolImport with Exported=True. Other controllers' entries (the
+// Gateways') are theirs and stay as they are.
+func markExported(ctx context.Context, c client.Client, p *igwapiv1.InferencePool) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &igwapiv1.InferencePool{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(p), cur); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		ref := igwapiv1.ParentReference{Group: ptr.To(igwapiv1.Group(igwapixv1alpha1.SchemeGroupVersion.Group)), Kind: "InferencePoolImport",
+			Name: igwapiv1.ObjectName(cur.Name), Namespace: igwapiv1.Namespace(cur.Namespace)}
+		i := slices.IndexFunc(cur.Status.Parents, func(ps igwapiv1.ParentStatus) bool {
+			return ps.ParentRef.Kind == ref.Kind && ptr.Deref(ps.ParentRef.Group, "") == *ref.Group && ps.ParentRef.Name == ref.Name
+		})
+		entry := igwapiv1.ParentStatus{ParentRef: ref, ControllerName: ControllerName}
+		if i >= 0 {
+			entry = *cur.Status.Parents[i].DeepCopy()
+		}
+		before := entry.DeepCopy()
+		meta.SetStatusCondition(&entry.Conditions, metav1.Condition{Type: string(igwapiv1.InferencePoolConditionExported),
+			Status: metav1.ConditionTrue, Reason: string(igwapiv1.InferencePoolReasonExported),
+			Message: "Exported to every member cluster of the fleet as an InferencePoolImport", ObservedGeneration: cur.Generation})
+		if i >= 0 && equality.Semantic.DeepEqual(before, &entry) {
+			return nil
+		}
+		if i >= 0 {
+			cur.Status.Parents[i] = entry
+		} else {
+			cur.Status.Parents = append(cur.Status.Parents, entry)
+		}
+		return c.Status().Update(ctx, cur)
+	})
+}
+
+// ensureImport creates the InferencePoolImport (and its namespace) and
+// records the exporting clusters in the hub's controller entry.
+func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, exporting []string) error {
+	imp := &igwapixv1alpha1.InferencePoolImport{}
+	err := c.Get(ctx, key, imp)
+	switch {
+	case apierrors.IsNotFound(err):
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: map[string]string{ManagedByLabel: ManagedByValue}}}
+		if err := client.IgnoreAlreadyExists(c.Create(ctx, ns)); err != nil {
+			return err
+		}
+		imp = &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
+			Labels: map[string]string{ManagedByLabel: ManagedByValue}}}
+		if err := c.Create(ctx, imp); err != nil {
+			return err
+		}
+	case meta.IsNoMatchError(err):
+		return nil // the member has no InferencePoolImport API
+	case err != nil:
+		return err
+	case imp.Labels[ManagedByLabel] != ManagedByValue:
+		return nil // someone else's import of that name
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, key, imp); err != nil {
+			return err
+		}
+		entry := igwapixv1alpha1.ImportController{Name: ControllerName}
+		for _, n := range exporting {
+			entry.ExportingClusters = append(entry.ExportingClusters, igwapixv1alpha1.ExportingCluster{Name: igwapixv1alpha1.ClusterName(n)})
+		}
+		i := slices.IndexFunc(imp.Status.Controllers, func(ic igwapixv1alpha1.ImportController) bool { return ic.Name == ControllerName })
+		if i >= 0 {
+			entry.Parents, entry.Conditions = imp.Status.Controllers[i].Parents, imp.Status.Controllers[i].Conditions
+			if equality.Semantic.DeepEqual(imp.Status.Controllers[i], entry) {
+				return nil
+			}
+			imp.Status.Controllers[i] = entry
+		} else {
+			imp.Status.Controllers = append(imp.Status.Controllers, entry)
+		}
+		return c.Status().Update(ctx, imp)
+	})
+}
+
+// withdraw deletes the hub's import of a pool no cluster exports.
+func withdraw(ctx context.Context, c client.Client, key client.ObjectKey) error {
+	imp := &igwapixv1alpha1.InferencePoolImport{}
+	err := c.Get(ctx, key, imp)
+	if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if imp.Labels[ManagedByLabel] != ManagedByValue {
+		return nil
+	}
+	return client.IgnoreNotFound(c.Delete(ctx, imp))
+}
+
+// SetupWithManager registers the reconciler: pools and imports in every
+// cluster map to their namespace/name; cluster changes re-run every pool a
+// cluster knows.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
+	toKey := func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
+			return []mcreconcile.Request{{Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)}}}
+		})
+	}
+	onSpokes := []mcbuilder.WatchesOption{mcbuilder.WithEngageWithLocalCluster(false), mcbuilder.WithEngageWithProviderClusters(true)}
+	return mcbuilder.ControllerManagedBy(mgr).
+		Named("hub-inferencepool-export").
+		Watches(&igwapiv1.InferencePool{}, toKey, onSpokes...).
+		Watches(&igwapixv1alpha1.InferencePoolImport{}, toKey, onSpokes...).
+		WatchesRawSource(r.clusterEvents(ctx)).
+		Complete(r)
+}
+
+// clusterEvents re-runs every known pool when a cluster joins, leaves or
+// recovers: a new member needs its imports, a lost exporter's pools change.
+func (r *Reconciler) clusterEvents(ctx context.Context) source.TypedSource[mcreconcile.Request] {
+	changes := r.Inv.Subscribe(64)
+	events := make(chan event.TypedGenericEvent[client.Object])
+	go func() {
+		defer close(events)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changes:
+			}
+			// Let a newly engaged cluster's caches fill first.
+			time.Sleep(time.Second)
+			seen := map[client.ObjectKey]bool{}
+			for _, c := range r.Inv.Clusters(ctx) {
+				var pools igwapiv1.InferencePoolList
+				if err := c.Client.List(ctx, &pools); err != nil {
+					continue
+				}
+				var imports igwapixv1alpha1.InferencePoolImportList
+				_ = c.Client.List(ctx, &imports, client.MatchingLabels{ManagedByLabel: ManagedByValue})
+				var objs []client.Object
+				for i := range pools.Items {
+					objs = append(objs, &pools.Items[i])
+				}
+				for i := range imports.Items {
+					objs = append(objs, &imports.Items[i])
+				}
+				for _, o := range objs {
+					k := client.ObjectKeyFromObject(o)
+					if seen[k] {
+						continue
+					}
+					seen[k] = true
+					select {
+					case events <- event.TypedGenericEvent[client.Object]{Object: o}:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}
+	}()
+	return source.TypedChannel(events, handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
+		return []mcreconcile.Request{{Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)}}}
+	}))
+}

@@ -1,0 +1,82 @@
+// Package hub assembles the hub: the cluster inventory, the service
+// placement and distribution controller, placement status, the orphan
+// collector, and the InferencePool export controller, on a
+// multicluster-runtime manager whose provider engages the spoke clusters.
+package hub
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	clusterv1 "open-cluster-management.io/api/cluster/v1"
+	clusterv1beta1 "open-cluster-management.io/api/cluster/v1beta1"
+	clusterinventoryv1alpha1 "sigs.k8s.io/cluster-inventory-api/apis/v1alpha1"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
+	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/distribute"
+	"github.com/fleetinfer/fleetinfer/hub/export"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
+)
+
+// Scheme knows every API the hub reads or writes, on the hub and in spokes.
+var Scheme = runtime.NewScheme()
+
+func init() {
+	utilruntime.Must(clientgoscheme.AddToScheme(Scheme))
+	utilruntime.Must(v1alpha2.AddToScheme(Scheme))
+	utilruntime.Must(fleetv1alpha1.AddToScheme(Scheme))
+	utilruntime.Must(clusterv1.Install(Scheme))
+	utilruntime.Must(clusterv1beta1.Install(Scheme))
+	utilruntime.Must(clusterinventoryv1alpha1.AddToScheme(Scheme))
+	utilruntime.Must(igwapiv1.Install(Scheme))
+	utilruntime.Must(igwapixv1alpha1.Install(Scheme))
+	utilruntime.Must(gwapiv1.Install(Scheme))
+}
+
+// ClusterOptions make every engaged spoke cluster use the hub's scheme.
+func ClusterOptions() []cluster.Option {
+	return []cluster.Option{func(o *cluster.Options) { o.Scheme = Scheme }}
+}
+
+// Options configure the hub.
+type Options struct {
+	// Namespace holds the spokes' registrations (kubeconfig Secrets,
+	// ClusterProfiles).
+	Namespace string
+	// DefaultToleration applies to placements that set none.
+	DefaultToleration time.Duration
+	// ProbeInterval is how often each spoke's API server is probed.
+	ProbeInterval time.Duration
+	// OrphanInterval is how often the orphan collector sweeps the spokes.
+	OrphanInterval time.Duration
+}
+
+// Setup registers the hub's components with mgr.
+func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
+	local := mgr.GetLocalManager()
+	inv := inventory.New(inventory.Options{Hub: local.GetClient(), Namespace: opts.Namespace,
+		ProbeInterval: opts.ProbeInterval, Log: local.GetLogger().WithName("inventory")})
+	if err := mgr.Add(inv); err != nil {
+		return err
+	}
+	r := distribute.NewReconciler(mgr, inv, distribute.Options{DefaultToleration: opts.DefaultToleration})
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	if err := (&distribute.PlacementStatus{Hub: local.GetClient()}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&export.Reconciler{Inv: inv}).SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	return local.Add(&distribute.OrphanCollector{Hub: local.GetClient(), Inv: inv, Interval: opts.OrphanInterval})
+}

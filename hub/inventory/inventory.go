@@ -1,0 +1,328 @@
+// Package inventory is the hub's view of its clusters: which are engaged
+// (from the multicluster-runtime provider), their labels and properties
+// (from the OCM ManagedCluster, the ClusterProfile or the registration
+// Secret), and whether each is available: the hub probes every cluster's API
+// server itself and also honours the registration's own verdict (OCM's
+// ManagedClusterConditionAvailable, ClusterProfile's ControlPlaneHealthy).
+package inventory
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	clusterv1 "open-cluster-management.io/api/cluster/v1"
+	clusterinventoryv1alpha1 "sigs.k8s.io/cluster-inventory-api/apis/v1alpha1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+)
+
+var secretGVK = corev1.SchemeGroupVersion.WithKind("Secret")
+
+// Cluster is a snapshot of one cluster.
+type Cluster struct {
+	Name       string
+	Labels     map[string]string
+	Properties map[string]string
+	// UnavailableSince is when the cluster last became unavailable; zero
+	// while it is available.
+	UnavailableSince time.Time
+	// Reason explains unavailability.
+	Reason string
+	Client client.Client
+}
+
+// Available reports whether the cluster is currently available.
+func (c Cluster) Available() bool { return c.UnavailableSince.IsZero() }
+
+// Options configure the inventory.
+type Options struct {
+	// Hub reads registrations (ManagedClusters, ClusterProfiles, Secrets).
+	Hub client.Client
+	// Namespace holds the registration Secrets and ClusterProfiles.
+	Namespace string
+	// ProbeInterval is how often each cluster's API server is probed.
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds one probe.
+	ProbeTimeout time.Duration
+	Log          logr.Logger
+}
+
+// Inventory tracks the engaged clusters. It is a multicluster-runtime
+// Runnable: the manager engages it with every cluster the provider finds.
+type Inventory struct {
+	opts Options
+
+	mu       sync.Mutex
+	clusters map[string]*tracked
+	subs     []chan<- string
+}
+
+type tracked struct {
+	name       string
+	cl         cluster.Cluster
+	http       *http.Client
+	host       string
+	probeFails int
+	probeErr   string
+	since      time.Time // unavailable since; zero when available
+	reason     string
+}
+
+// New builds an inventory.
+func New(opts Options) *Inventory {
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = 2 * time.Second
+	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = 2 * time.Second
+	}
+	return &Inventory{opts: opts, clusters: map[string]*tracked{}}
+}
+
+var (
+	availableGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fleetinfer_hub_cluster_available",
+		Help: "Whether the hub considers a cluster available (1) or not (0).",
+	}, []string{"cluster"})
+	probeFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_hub_cluster_probe_failures_total",
+		Help: "API server probes of a cluster that failed.",
+	}, []string{"cluster"})
+)
+
+func init() {
+	ctrlmetrics.Registry.MustRegister(availableGauge, probeFailures)
+}
+
+// Engage starts tracking a cluster until ctx ends (the provider disengaged it).
+func (i *Inventory) Engage(ctx context.Context, name multicluster.ClusterName, cl cluster.Cluster) error {
+	cfg := rest.CopyConfig(cl.GetConfig())
+	cfg.Timeout = i.opts.ProbeTimeout
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return err
+	}
+	t := &tracked{name: string(name), cl: cl, http: hc, host: cfg.Host}
+	i.mu.Lock()
+	i.clusters[t.name] = t
+	i.mu.Unlock()
+	availableGauge.WithLabelValues(t.name).Set(1)
+	i.notify(t.name)
+	go func() {
+		<-ctx.Done()
+		i.mu.Lock()
+		if i.clusters[t.name] == t {
+			delete(i.clusters, t.name)
+		}
+		i.mu.Unlock()
+		availableGauge.DeleteLabelValues(t.name)
+		i.notify(t.name)
+	}()
+	return nil
+}
+
+// Start probes every cluster until ctx ends.
+func (i *Inventory) Start(ctx context.Context) error {
+	t := time.NewTicker(i.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			i.probeAll(ctx)
+		}
+	}
+}
+
+// Subscribe returns a channel that receives a cluster's name whenever it is
+// engaged, disengaged or changes availability.
+func (i *Inventory) Subscribe(buffer int) <-chan string {
+	ch := make(chan string, buffer)
+	i.mu.Lock()
+	i.subs = append(i.subs, ch)
+	i.mu.Unlock()
+	return ch
+}
+
+func (i *Inventory) notify(name string) {
+	i.mu.Lock()
+	subs := slices.Clone(i.subs)
+	i.mu.Unlock()
+	for _, s := range subs {
+		select {
+		case s <- name:
+		default: // a slow subscriber catches up on its next full resync
+		}
+	}
+}
+
+func (i *Inventory) probeAll(ctx context.Context) {
+	i.mu.Lock()
+	ts := make([]*tracked, 0, len(i.clusters))
+	for _, t := range i.clusters {
+		ts = append(ts, t)
+	}
+	i.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, t := range ts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := i.probe(ctx, t)
+			reg, regReason := i.registrationAvailable(ctx, t.name)
+			i.update(t, err, reg, regReason)
+		}()
+	}
+	wg.Wait()
+}
+
+func (i *Inventory) probe(ctx context.Context, t *tracked) error {
+	ctx, cancel := context.WithTimeout(ctx, i.opts.ProbeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.host+"/readyz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := t.http.Do(req)
+	if err != nil {
+		return err
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/readyz answered %s", resp.Status)
+	}
+	return nil
+}
+
+// update records a probe and the registration's verdict; availability
+// changes are announced.
+func (i *Inventory) update(t *tracked, probeErr error, regAvailable bool, regReason string) {
+	i.mu.Lock()
+	wasAvailable := t.since.IsZero()
+	var reason string
+	switch {
+	case probeErr != nil:
+		t.probeFails++
+		reason = "API server unreachable: " + probeErr.Error()
+	case !regAvailable:
+		t.probeFails = 0
+		reason = regReason
+	default:
+		t.probeFails = 0
+	}
+	if probeErr != nil {
+		probeFailures.WithLabelValues(t.name).Inc()
+	}
+	if reason != "" && t.since.IsZero() {
+		t.since = time.Now()
+	}
+	if reason == "" {
+		t.since = time.Time{}
+	}
+	t.reason = reason
+	isAvailable := t.since.IsZero()
+	i.mu.Unlock()
+	if wasAvailable != isAvailable {
+		v := 0.0
+		if isAvailable {
+			v = 1
+		}
+		availableGauge.WithLabelValues(t.name).Set(v)
+		i.opts.Log.Info("cluster availability changed", "cluster", t.name, "available", isAvailable, "reason", reason)
+		i.notify(t.name)
+	}
+}
+
+// registrationAvailable reads what the cluster's registration says about
+// it: OCM's Available condition or ClusterProfile's ControlPlaneHealthy.
+// Without a registration of either kind the probe alone decides.
+func (i *Inventory) registrationAvailable(ctx context.Context, name string) (bool, string) {
+	mc := &clusterv1.ManagedCluster{}
+	if err := i.opts.Hub.Get(ctx, client.ObjectKey{Name: name}, mc); err == nil {
+		c := meta.FindStatusCondition(mc.Status.Conditions, clusterv1.ManagedClusterConditionAvailable)
+		if c != nil && c.Status != metav1.ConditionTrue {
+			return false, fmt.Sprintf("ManagedCluster %s is %s=%s (%s)", name, c.Type, c.Status, c.Reason)
+		}
+	}
+	cp := &clusterinventoryv1alpha1.ClusterProfile{}
+	if err := i.opts.Hub.Get(ctx, client.ObjectKey{Namespace: i.opts.Namespace, Name: name}, cp); err == nil {
+		c := meta.FindStatusCondition(cp.Status.Conditions, clusterinventoryv1alpha1.ClusterConditionControlPlaneHealthy)
+		if c != nil && c.Status == metav1.ConditionFalse {
+			return false, fmt.Sprintf("ClusterProfile %s is ControlPlaneHealthy=False (%s)", name, c.Reason)
+		}
+	}
+	return true, ""
+}
+
+// Clusters returns a snapshot of every engaged cluster, sorted by name, with
+// labels and properties from its registration.
+func (i *Inventory) Clusters(ctx context.Context) []Cluster {
+	i.mu.Lock()
+	out := make([]Cluster, 0, len(i.clusters))
+	for _, t := range i.clusters {
+		out = append(out, Cluster{Name: t.name, UnavailableSince: t.since, Reason: t.reason, Client: t.cl.GetClient()})
+	}
+	i.mu.Unlock()
+	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	for k := range out {
+		out[k].Labels, out[k].Properties = i.describe(ctx, out[k].Name)
+	}
+	return out
+}
+
+// Cluster returns one engaged cluster.
+func (i *Inventory) Cluster(ctx context.Context, name string) (Cluster, bool) {
+	for _, c := range i.Clusters(ctx) {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Cluster{}, false
+}
+
+// describe merges labels and properties from every registration of the
+// cluster: the Secret, the OCM ManagedCluster (labels, cluster claims) and
+// the ClusterProfile (labels, properties).
+func (i *Inventory) describe(ctx context.Context, name string) (map[string]string, map[string]string) {
+	lbls, props := map[string]string{"name": name}, map[string]string{}
+	sec := &metav1.PartialObjectMetadata{}
+	sec.SetGroupVersionKind(secretGVK)
+	if err := i.opts.Hub.Get(ctx, client.ObjectKey{Namespace: i.opts.Namespace, Name: name}, sec); err == nil {
+		for k, v := range sec.Labels {
+			lbls[k] = v
+		}
+	}
+	mc := &clusterv1.ManagedCluster{}
+	if err := i.opts.Hub.Get(ctx, client.ObjectKey{Name: name}, mc); err == nil {
+		for k, v := range mc.Labels {
+			lbls[k] = v
+		}
+		for _, c := range mc.Status.ClusterClaims {
+			props[c.Name] = c.Value
+		}
+	}
+	cp := &clusterinventoryv1alpha1.ClusterProfile{}
+	if err := i.opts.Hub.Get(ctx, client.ObjectKey{Namespace: i.opts.Namespace, Name: name}, cp); err == nil {
+		for k, v := range cp.Labels {
+			lbls[k] = v
+		}
+		for _, p := range cp.Status.Properties {
+			props[p.Name] = p.Value
+		}
+	}
+	return lbls, props
+}
