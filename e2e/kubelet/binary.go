@@ -2,6 +2,7 @@ package kubelet
 
 import (
 	"fmt"
+	"net"
 	"path"
 	"strconv"
 	"strings"
@@ -17,6 +18,27 @@ type BinaryRuntime struct {
 	Binary      string
 	// PortFlags maps a port flag to the port it defaults to when absent.
 	PortFlags map[string]int32
+	// AddressFlags are like PortFlags for flags whose value is an address
+	// ([host]:port, controller-runtime's --metrics-bind-address); they are
+	// rewritten to 127.0.0.1 and the free port.
+	AddressFlags map[string]int32
+}
+
+// flagDefault returns the default port of a port or address flag.
+func (r BinaryRuntime) flagDefault(name string) (port int32, address, ok bool) {
+	if p, ok := r.PortFlags[name]; ok {
+		return p, false, true
+	}
+	p, ok := r.AddressFlags[name]
+	return p, true, ok
+}
+
+// flagValue renders a flag's value for the local port.
+func flagValue(local int, address bool) string {
+	if address {
+		return net.JoinHostPort("127.0.0.1", strconv.Itoa(local))
+	}
+	return strconv.Itoa(local)
 }
 
 func (r BinaryRuntime) Name() string { return r.Description }
@@ -39,7 +61,8 @@ func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
 	var out []string
 	for i := 0; i < len(args); i++ {
 		name, value, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
-		if _, isPort := r.PortFlags[name]; !isPort || !strings.HasPrefix(args[i], "-") {
+		_, address, isPort := r.flagDefault(name)
+		if !isPort || !strings.HasPrefix(args[i], "-") {
 			out = append(out, args[i])
 			continue
 		}
@@ -49,6 +72,9 @@ func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
 			}
 			i++
 			value = args[i]
+		}
+		if _, port, err := net.SplitHostPort(value); address && err == nil {
+			value = port
 		}
 		p, err := strconv.ParseInt(value, 10, 32)
 		if err != nil || p <= 0 || p > 65535 {
@@ -60,18 +86,21 @@ func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
 		}
 		ports[int32(p)] = local
 		seen[name] = true
-		out = append(out, "--"+name+"="+strconv.Itoa(local))
+		out = append(out, "--"+name+"="+flagValue(local, address))
 	}
-	for name, def := range r.PortFlags {
-		if seen[name] {
-			continue
+	for _, flags := range []map[string]int32{r.PortFlags, r.AddressFlags} {
+		for name, def := range flags {
+			if seen[name] {
+				continue
+			}
+			local, err := c.FreePort()
+			if err != nil {
+				return nil, err
+			}
+			ports[def] = local
+			_, address, _ := r.flagDefault(name)
+			out = append(out, "--"+name+"="+flagValue(local, address))
 		}
-		local, err := c.FreePort()
-		if err != nil {
-			return nil, err
-		}
-		ports[def] = local
-		out = append(out, "--"+name+"="+strconv.Itoa(local))
 	}
 	return &Launch{Path: r.Binary, Args: out, Env: c.Env, Ports: ports}, nil
 }
