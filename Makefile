@@ -85,11 +85,14 @@ vet: ## go vet and gofmt.
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bin/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-manifests: $(CONTROLLER_GEN) ## Generate fleetinfer's CRDs; copy third-party CRDs from the pinned modules.
+manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC; copy CRDs and presets into deploy/ (chart, hub).
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=$$tmp && \
 	rm -f apis/crds/*.yaml && go run ./hack/crdgen $$tmp apis/crds
 	hack/sync-crds.sh
+	$(CONTROLLER_GEN) rbac:roleName=fleetinfer-spoke paths=./spoke/... output:rbac:dir=deploy/charts/fleetinfer-spoke/generated/rbac
+	$(CONTROLLER_GEN) rbac:roleName=fleetinfer-hub paths=./hub/... output:rbac:dir=deploy/hub/rbac
+	hack/sync-deploy.sh
 
 generate: $(CONTROLLER_GEN) $(PROTOGEN) ## Generate deepcopy code and the EPP federation protobuf code.
 	$(CONTROLLER_GEN) object paths=./apis/...

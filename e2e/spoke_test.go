@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 )
 
 const cpuSample = "../apis/serving/v1alpha2/testdata/kserve-v0.20.0/samples/opt-125m-cpu__llm-inference-service-facebook-opt-125m-cpu.0.yaml"
@@ -27,7 +28,14 @@ const cpuSample = "../apis/serving/v1alpha2/testdata/kserve-v0.20.0/samples/opt-
 // to the service's URL goes through the gateway, the picker and a model
 // server.
 func TestKServeCPUSampleBecomesReadyAndServesThroughTheGateway(t *testing.T) {
-	spoke := fl.Spokes[0]
+	serveKServeCPUSample(t, fl.Spokes[0])
+}
+
+// serveKServeCPUSample applies KServe's CPU sample to a new namespace of the
+// spoke, waits for it to be Ready through whichever spoke controller runs
+// there, and sends a completion through the gateway.
+func serveKServeCPUSample(t *testing.T, spoke *fleet.Cluster) {
+	t.Helper()
 	ns := namespace(t, spoke)
 	ctx := context.Background()
 	b, err := os.ReadFile(cpuSample)

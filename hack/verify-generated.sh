@@ -8,6 +8,12 @@ cd "$(dirname "$0")/.."
 GENERATED=(
   apis/crds
   deploy/crds/thirdparty
+  deploy/charts/fleetinfer-spoke/crds
+  deploy/charts/fleetinfer-spoke/charts
+  deploy/charts/fleetinfer-spoke/files/presets
+  deploy/charts/fleetinfer-spoke/generated
+  deploy/hub/crds
+  deploy/hub/rbac
 )
 snapshot() {
   { find "${GENERATED[@]}" -type f 2>/dev/null; find apis -name 'zz_generated.*.go'; } |

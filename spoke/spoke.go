@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -62,7 +63,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		}
 		ns := &corev1.Namespace{}
 		ns.Name = opts.SystemNamespace
-		if err := client.IgnoreAlreadyExists(c.Create(ctx, ns)); err != nil {
+		// Without cluster-wide rights on namespaces (the Helm chart grants
+		// none) the create is forbidden even when the namespace exists; the
+		// presets' own create then says whether it does.
+		if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) && !apierrors.IsForbidden(err) {
 			return fmt.Errorf("system namespace: %w", err)
 		}
 		if err := presets.Install(ctx, c, opts.SystemNamespace, opts.PresetPrefix); err != nil {

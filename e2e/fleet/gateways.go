@@ -41,7 +41,7 @@ func GatewayAddress(index int) netip.Addr {
 func (f *Fleet) startGateways(ctx context.Context) error {
 	peers := make([]netip.AddrPort, len(f.Spokes))
 	for i := range f.Spokes {
-		peers[i] = netip.AddrPortFrom(GatewayAddress(i), gateway.DefaultPeerPort)
+		peers[i] = netip.AddrPortFrom(GatewayAddress(f.opts.FirstNetwork+i), gateway.DefaultPeerPort)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(f.Spokes))
@@ -49,7 +49,7 @@ func (f *Fleet) startGateways(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = f.startGateway(ctx, s, i, append(append([]netip.AddrPort{}, peers[:i]...), peers[i+1:]...))
+			errs[i] = f.startGateway(ctx, s, f.opts.FirstNetwork+i, append(append([]netip.AddrPort{}, peers[:i]...), peers[i+1:]...))
 		}()
 	}
 	wg.Wait()

@@ -20,7 +20,10 @@ type Flags struct {
 	MetricsAddr string
 	ProbeAddr   string
 	LeaderElect bool
-	Zap         zap.Options
+	// LeaderElectionNamespace holds the lease; controller-runtime defaults
+	// it to the pod's namespace, which a process outside a cluster lacks.
+	LeaderElectionNamespace string
+	Zap                     zap.Options
 }
 
 // Bind registers the flags on fs with per-binary default ports.
@@ -28,6 +31,7 @@ func (f *Flags) Bind(fs *flag.FlagSet, metricsAddr, probeAddr string) {
 	fs.StringVar(&f.MetricsAddr, "metrics-bind-address", metricsAddr, "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	fs.StringVar(&f.ProbeAddr, "health-probe-bind-address", probeAddr, "Address the /healthz and /readyz endpoints bind to.")
 	fs.BoolVar(&f.LeaderElect, "leader-elect", false, "Enable leader election, so that only one replica is active.")
+	fs.StringVar(&f.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election lease; defaults to the pod's own when running in a cluster.")
 	f.Zap.BindFlags(fs)
 }
 
@@ -37,11 +41,12 @@ func (f *Flags) Logger() logr.Logger { return zap.New(zap.UseFlagOptions(&f.Zap)
 // Options are the manager options the flags describe.
 func (f *Flags) Options(scheme *runtime.Scheme, leaderElectionID string) ctrl.Options {
 	return ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: f.MetricsAddr},
-		HealthProbeBindAddress: f.ProbeAddr,
-		LeaderElection:         f.LeaderElect,
-		LeaderElectionID:       leaderElectionID,
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: f.MetricsAddr},
+		HealthProbeBindAddress:  f.ProbeAddr,
+		LeaderElection:          f.LeaderElect,
+		LeaderElectionID:        leaderElectionID,
+		LeaderElectionNamespace: f.LeaderElectionNamespace,
 	}
 }
 

@@ -56,6 +56,11 @@ func Load(namespace, prefix string) ([]*v1alpha2.LLMInferenceServiceConfig, erro
 	return out, nil
 }
 
+// Install needs these rights only in the system namespace (a Role, bound
+// only where the spoke installs the presets itself; the Helm chart installs
+// them and runs the spoke with --install-presets=false).
+// +kubebuilder:rbac:groups=serving.kserve.io,resources=llminferenceserviceconfigs,verbs=get;create;update,namespace=fleetinfer-system
+
 // Install creates or updates the presets in namespace.
 func Install(ctx context.Context, c client.Client, namespace, prefix string) error {
 	cfgs, err := Load(namespace, prefix)

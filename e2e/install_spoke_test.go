@@ -1,0 +1,215 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/deploy/charts"
+	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+)
+
+// The install tests run on a second, small fleet (a hub and one spoke, on
+// loopback networks of its own) in which no controller runs as a plain
+// process with an admin identity: everything fleetinfer runs there comes
+// from the install manifests and runs under their ServiceAccounts.
+func startInstallFleet(t *testing.T) *fleet.Fleet {
+	t.Helper()
+	spec := fleet.DefaultSpokes()[0]
+	spec.Name = "install"
+	f, err := fleet.Start(context.Background(), fleet.Options{
+		Spokes:        []fleet.SpokeSpec{spec},
+		NoControllers: true,
+	})
+	if err != nil {
+		if f != nil {
+			f.Stop()
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.Stop()
+		if alive := f.Registry.Alive(); len(alive) > 0 {
+			t.Errorf("install fleet left processes running: %v", alive)
+		}
+	})
+	return f
+}
+
+// serverSideApply applies objects as `kubectl apply --server-side` does,
+// CRDs first, and waits until every CRD is served.
+func serverSideApply(t *testing.T, c client.Client, manager string, objs []*unstructured.Unstructured) {
+	t.Helper()
+	ctx := context.Background()
+	for _, crdsFirst := range []bool{true, false} {
+		for _, o := range objs {
+			if (o.GetKind() == "CustomResourceDefinition") != crdsFirst {
+				continue
+			}
+			if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o.DeepCopy()), client.FieldOwner(manager)); err != nil {
+				t.Fatalf("apply %s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+			}
+		}
+		if crdsFirst {
+			eventually(t, 30*time.Second, "CRDs established", func(ctx context.Context) error {
+				return crdsEstablished(ctx, c, objs)
+			})
+		}
+	}
+}
+
+func crdsEstablished(ctx context.Context, c client.Client, objs []*unstructured.Unstructured) error {
+	for _, o := range objs {
+		if o.GetKind() != "CustomResourceDefinition" {
+			continue
+		}
+		cur := &unstructured.Unstructured{}
+		cur.SetGroupVersionKind(o.GroupVersionKind())
+		if err := c.Get(ctx, client.ObjectKeyFromObject(o), cur); err != nil {
+			return err
+		}
+		conds, _, _ := unstructured.NestedSlice(cur.Object, "status", "conditions")
+		established := false
+		for _, cond := range conds {
+			m, _ := cond.(map[string]any)
+			established = established || (m["type"] == "Established" && m["status"] == "True")
+		}
+		if !established {
+			return fmt.Errorf("CRD %s not established", o.GetName())
+		}
+	}
+	return nil
+}
+
+// podLog returns what a container of a pod run by the spoke's local kubelet
+// has logged.
+func podLog(t *testing.T, c *fleet.Cluster, pod *corev1.Pod, container string) string {
+	t.Helper()
+	dir := filepath.Join(c.Dir(), "kubelet", "pods", pod.Namespace+"_"+pod.Name+"_"+string(pod.UID))
+	b, err := os.ReadFile(filepath.Join(dir, container+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// scrape returns a Prometheus text exposition.
+func scrape(ctx context.Context, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return string(b), err
+}
+
+// The per-cluster chart, rendered with the Helm SDK and server-side applied
+// to a spoke, with two replicas: the local kubelet runs its Deployment
+// (ghcr.io/fleetinfer/spoke) as bin/spoke with the pod's ServiceAccount
+// token, so a leader being elected, KServe's CPU sample turning Ready and
+// serving through the gateway, and the cluster's capacity report appearing
+// prove the chart's generated RBAC is enough. The chart's presets are the
+// ones in use: the controller is told not to install its own.
+func TestInstallSpokeChartRunsTheControllerUnderItsOwnServiceAccount(t *testing.T) {
+	inst := startInstallFleet(t)
+	spoke := inst.Spokes[0]
+	ctx := context.Background()
+
+	c, err := charts.Load(charts.Spoke)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const release = "fleetinfer-spoke"
+	objs, err := charts.Render(c, charts.Options{ReleaseName: release, Namespace: fleet.Namespace, Values: map[string]any{"replicas": 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverSideApply(t, spoke.Client, "helm", objs)
+
+	controllers := map[string]string{"app.kubernetes.io/instance": release, "app.kubernetes.io/component": "controller"}
+	var pods []corev1.Pod
+	eventually(t, 90*time.Second, "two ready controller pods", func(ctx context.Context) error {
+		if pods, err = podsOf(ctx, spoke, fleet.Namespace, controllers); err != nil {
+			return err
+		}
+		ready := 0
+		for _, p := range pods {
+			if gwPodReady(&p) && p.Spec.ServiceAccountName == release {
+				ready++
+			}
+		}
+		if ready != 2 || len(pods) != 2 {
+			return fmt.Errorf("%d of %d pods ready under service account %s", ready, len(pods), release)
+		}
+		return nil
+	})
+	eventually(t, 30*time.Second, "a leader", func(ctx context.Context) error {
+		lease := &coordinationv1.Lease{}
+		if err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: fleet.Namespace, Name: "fleetinfer-spoke"}, lease); err != nil {
+			return err
+		}
+		if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+			return fmt.Errorf("lease without holder")
+		}
+		return nil
+	})
+	cfg := &v1alpha2.LLMInferenceServiceConfig{}
+	if err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: fleet.Namespace, Name: "kserve-config-llm-scheduler"}, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Labels["app.kubernetes.io/managed-by"] != "Helm" {
+		t.Errorf("scheduler preset labels %v: the controller overwrote the chart's presets", cfg.Labels)
+	}
+
+	serveKServeCPUSample(t, spoke)
+
+	eventually(t, 30*time.Second, "capacity report", func(ctx context.Context) error {
+		return spoke.Client.Get(ctx, client.ObjectKey{Name: "cluster"}, &fleetv1alpha1.ClusterCapacity{})
+	})
+	leaders := 0
+	for _, p := range pods {
+		metrics, err := scrape(ctx, "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(metrics, `controller_runtime_reconcile_total{controller="llminferenceservice",result="success"}`) {
+			leaders++
+		}
+		if err := spoke.Client.Get(ctx, client.ObjectKeyFromObject(&p), &p); err != nil {
+			t.Fatal(err)
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.RestartCount > 0 {
+				t.Errorf("controller pod %s restarted %d times", p.Name, cs.RestartCount)
+			}
+		}
+		if log := podLog(t, spoke, &p, "manager"); strings.Contains(strings.ToLower(log), "forbidden") {
+			t.Errorf("controller pod %s was refused something its RBAC should grant:\n%s", p.Name, log)
+		}
+	}
+	if leaders != 1 {
+		t.Errorf("%d controller pods reconciled services, want the one leader", leaders)
+	}
+}

@@ -1,0 +1,55 @@
+package kubelet
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Port flags and address flags (controller-runtime's --metrics-bind-address)
+// are moved to free local ports, addresses onto 127.0.0.1; flags the
+// container leaves out get their default port; other flags pass unchanged.
+func TestBinaryRuntimeRewritesPortAndAddressFlags(t *testing.T) {
+	r := BinaryRuntime{Binary: "/bin/spoke",
+		PortFlags:    map[string]int32{"grpc-port": 9002},
+		AddressFlags: map[string]int32{"metrics-bind-address": 8080, "health-probe-bind-address": 8081}}
+	tests := []struct {
+		name      string
+		args      []string
+		wantArgs  []string
+		wantPorts []int32
+	}{
+		{"given as flag=value", []string{"--grpc-port=9100", "--metrics-bind-address=:8443", "--health-probe-bind-address=0.0.0.0:9440", "--leader-elect=true"},
+			[]string{"--grpc-port=20000", "--metrics-bind-address=127.0.0.1:20001", "--health-probe-bind-address=127.0.0.1:20002", "--leader-elect=true"},
+			[]int32{9100, 8443, 9440}},
+		{"given as flag value", []string{"--metrics-bind-address", "[::]:8443", "--grpc-port", "9100", "--health-probe-bind-address=:8081"},
+			[]string{"--metrics-bind-address=127.0.0.1:20000", "--grpc-port=20001", "--health-probe-bind-address=127.0.0.1:20002"},
+			[]int32{8443, 9100, 8081}},
+		{"left out", []string{"--zap-encoder=json"}, nil, []int32{9002, 8080, 8081}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			next := 20000
+			l, err := r.Prepare(&Container{Args: tt.args, FreePort: func() (int, error) { next++; return next - 1, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.wantArgs != nil && !slices.Equal(l.Args, tt.wantArgs) {
+				t.Errorf("args %v, want %v", l.Args, tt.wantArgs)
+			}
+			for _, a := range l.Args {
+				if name, v, _ := strings.Cut(strings.TrimPrefix(a, "--"), "="); r.AddressFlags[name] != 0 && !strings.HasPrefix(v, "127.0.0.1:") {
+					t.Errorf("%s is not a loopback address", a)
+				}
+			}
+			for _, p := range tt.wantPorts {
+				if _, ok := l.Ports[p]; !ok {
+					t.Errorf("pod port %d is not forwarded: %v", p, l.Ports)
+				}
+			}
+			if len(l.Ports) != len(tt.wantPorts) {
+				t.Errorf("ports %v, want %v", l.Ports, tt.wantPorts)
+			}
+		})
+	}
+}
