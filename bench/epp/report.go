@@ -157,8 +157,9 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %.2f | %s |\n", q.Scenario, q.Load, q.P99, q.P50, q.PerSec, verdict)
 	}
 	b.WriteString("\n## Federation freshness and traffic (fleetinfer)\n\n" +
-		"Age of remote data at pick time: for each pick whose candidates include remote pods, the stalest candidate pod of each peer " +
-		"(histogram `fleetinfer_epp_federation_lag_seconds`, quantiles interpolated within its buckets). Only the saturated phase has remote candidates. " +
+		"Age of remote data at pick time: for each pick that considers remote pods, the stalest of each peer's pods in the federated view, from the peer's scrape to the pick " +
+		"(histogram `fleetinfer_epp_federation_lag_seconds`, quantiles interpolated within its buckets: 5, 10, 20, 30, 50, 75, 100, 125, 150, 200, 250, 300 ms, ...). " +
+		"Only the saturated phase considers remote pods (a headroom phase does only if local scrapes fall behind). " +
 		"Bytes per second per peer: federation payload received from each peer (`fleetinfer_epp_federation_bytes_total`), median over peers. Target: p99 age under 250 ms.\n\n" +
 		"| local pods | load | age p50 ms | age p99 ms | bytes/s per peer |\n|---|---|---|---|---|\n")
 	for _, s := range r.Summary {
