@@ -177,6 +177,11 @@ type runResult struct {
 	P99Ms    float64 `json:"p99_ms"`
 	PerSec   float64 `json:"picks_per_s"`
 	Remote   int     `json:"remote_picks"`
+	// CPUPerPickUs is the EPP process's CPU time over the phase divided by
+	// its picks; IdleCPU is its share of one core while nothing is picked
+	// (scraping and, for fleetinfer, the federation streams).
+	CPUPerPickUs float64 `json:"epp_cpu_us_per_pick"`
+	IdleCPU      float64 `json:"epp_idle_cpu_percent"`
 	// Federation, fleetinfer only, over the phase.
 	LagP50Ms      float64            `json:"remote_age_p50_ms,omitempty"`
 	LagP99Ms      float64            `json:"remote_age_p99_ms,omitempty"`
@@ -210,7 +215,11 @@ func measure(ctx context.Context, c config, v variant, kubeconfig string, server
 	var out []runResult
 	for _, scenario := range []string{"headroom", "saturated"} {
 		servers.saturated.Store(scenario == "saturated")
-		time.Sleep(time.Second) // a few scrapes, then the federation, catch up
+		// A few scrapes, then the federation, catch up; the EPP's CPU while
+		// idle is measured meanwhile.
+		idleFrom := cpuTime(p.PID())
+		time.Sleep(2 * time.Second)
+		idle := (cpuTime(p.PID()) - idleFrom).Seconds() / 2 * 100
 		for _, load := range []string{"sequential", "concurrent"} {
 			before, err := scrape(ctx, metricsURL)
 			if err != nil {
@@ -223,25 +232,26 @@ func measure(ctx context.Context, c config, v variant, kubeconfig string, server
 			if _, _, _, err := drive(ctx, picker, 1, c.warmup); err != nil {
 				return nil, err
 			}
-			start := time.Now()
+			start, cpuFrom := time.Now(), cpuTime(p.PID())
 			lat, remote, errs, err := drive(ctx, picker, workers, picks)
 			if err != nil {
 				return nil, err
 			}
-			elapsed := time.Since(start)
+			elapsed, cpu := time.Since(start), cpuTime(p.PID())-cpuFrom
 			after, err := scrape(ctx, metricsURL)
 			if err != nil {
 				return nil, err
 			}
 			r := runResult{EPP: v.name, Scenario: scenario, Load: load, Picks: len(lat), Errors: errs,
-				P50Ms: pct(lat, 50), P90Ms: pct(lat, 90), P99Ms: pct(lat, 99), PerSec: float64(len(lat)) / elapsed.Seconds(), Remote: remote}
+				P50Ms: pct(lat, 50), P90Ms: pct(lat, 90), P99Ms: pct(lat, 99), PerSec: float64(len(lat)) / elapsed.Seconds(), Remote: remote,
+				CPUPerPickUs: float64(cpu.Microseconds()) / float64(max(len(lat), 1)), IdleCPU: idle}
 			if v.federated > 0 {
 				r.LagP50Ms, r.LagP99Ms, r.LagSamples = lagQuantiles(before, after)
 				r.BytesPerPeerS = bytesPerPeer(before, after, elapsed)
 			}
 			out = append(out, r)
-			fmt.Printf("  %-10s %-10s p50 %.2f ms  p99 %.2f ms  %.0f picks/s  remote %d  errors %d  age p99 %.0f ms\n",
-				scenario, load, r.P50Ms, r.P99Ms, r.PerSec, remote, errs, r.LagP99Ms)
+			fmt.Printf("  %-10s %-10s p50 %.2f ms  p99 %.2f ms  %.0f picks/s  remote %d  errors %d  age p99 %.0f ms  cpu %.0f µs/pick  idle %.0f%%\n",
+				scenario, load, r.P50Ms, r.P99Ms, r.PerSec, remote, errs, r.LagP99Ms, r.CPUPerPickUs, r.IdleCPU)
 		}
 	}
 	servers.saturated.Store(false)
@@ -467,4 +477,20 @@ func loadAverage() float64 {
 	}
 	f, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
 	return f
+}
+
+// cpuTime is a process's user plus system CPU time, from /proc (in clock
+// ticks of 10 ms); zero when it cannot be read.
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(fields) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }

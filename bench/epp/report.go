@@ -40,6 +40,8 @@ type summary struct {
 	P50Ms, P99Ms        float64
 	PerSec              float64
 	RemoteShare         float64
+	CPUPerPickUs        float64
+	IdleCPU             float64
 	AgeP50Ms, AgeP99Ms  float64
 	BytesPerPeerS       float64
 }
@@ -83,8 +85,9 @@ func (r *results) summarize() {
 	}
 	byKey := map[key]summary{}
 	for _, k := range order {
-		var p50, p99, ps, share, a50, a99, bps []float64
+		var p50, p99, ps, share, a50, a99, bps, cpu, idle []float64
 		for _, run := range groups[k] {
+			cpu, idle = append(cpu, run.CPUPerPickUs), append(idle, run.IdleCPU)
 			p50, p99, ps = append(p50, run.P50Ms), append(p99, run.P99Ms), append(ps, run.PerSec)
 			share = append(share, float64(run.Remote)/float64(max(run.Picks, 1)))
 			if run.LagSamples > 0 {
@@ -99,7 +102,7 @@ func (r *results) summarize() {
 			}
 		}
 		s := summary{EPP: k.epp, Scenario: k.scenario, Load: k.load, P50Ms: median(p50), P99Ms: median(p99), PerSec: median(ps),
-			RemoteShare: median(share), AgeP50Ms: median(a50), AgeP99Ms: median(a99), BytesPerPeerS: median(bps)}
+			RemoteShare: median(share), CPUPerPickUs: median(cpu), IdleCPU: median(idle), AgeP50Ms: median(a50), AgeP99Ms: median(a99), BytesPerPeerS: median(bps)}
 		byKey[k] = s
 		r.Summary = append(r.Summary, s)
 	}
@@ -144,9 +147,12 @@ func (r *results) markdown() string {
 		r.Setup.LocalPods, r.Setup.Peers, r.Setup.PodsPerPeer, r.Setup.Sequential, r.Setup.Concurrent, r.Setup.Notes)
 	b.WriteString("Pick latency is from sending the request headers to receiving their answer on one ext-proc stream (what Envoy waits), " +
 		"over the local gateway's Envoy-faithful ext-proc client.\n\n")
-	b.WriteString("## Pick latency and throughput\n\n| EPP | local pods | load | p50 ms | p99 ms | picks/s | remote picks |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("EPP CPU is the EPP process's CPU time per pick over the phase (it includes scraping and, for fleetinfer, the federation streams); " +
+		"idle CPU is its share of one core with no picks.\n\n")
+	b.WriteString("## Pick latency and throughput\n\n| EPP | local pods | load | p50 ms | p99 ms | picks/s | remote picks | EPP CPU µs/pick | idle CPU |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Summary {
-		fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %.2f | %.0f | %.0f%% |\n", s.EPP, s.Scenario, s.Load, s.P50Ms, s.P99Ms, s.PerSec, 100*s.RemoteShare)
+		fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %.2f | %.0f | %.0f%% | %.0f | %.0f%% |\n",
+			s.EPP, s.Scenario, s.Load, s.P50Ms, s.P99Ms, s.PerSec, 100*s.RemoteShare, s.CPUPerPickUs, s.IdleCPU)
 	}
 	b.WriteString("\n## fleetinfer / stock\n\nTarget: p99 at most 1.1× stock's.\n\n| local pods | load | p99 ratio | p50 ratio | picks/s ratio | p99 target |\n|---|---|---|---|---|---|\n")
 	for _, q := range r.Ratios {
