@@ -12,9 +12,11 @@
 // Runner.Run repeats the runner's setup step by step with GIE's exported
 // packages, and changes three things, each marked "fleetinfer:" below:
 //
-//  1. the candidate lookup (candidates.go) adds fresh remote endpoints and
-//     matches subset hints by IP and port, with the pool's failureMode
-//     deciding what happens to a hint whose pod is gone;
+//  1. the candidate lookup (candidates.go) adds fresh remote endpoints (with
+//     the cross-cluster filter configured: the least loaded few, once no
+//     local endpoint has headroom) and matches subset hints by IP and port,
+//     with the pool's failureMode deciding what happens to a hint whose pod
+//     is gone;
 //  2. the ext-proc server's Director is wrapped (director.go) to send
 //     Parent-mode picks to the remote gateway with a subset hint header;
 //  3. the federation server and subscriptions run next to GIE's servers.
