@@ -35,11 +35,8 @@ type candidates struct {
 	ds interface {
 		PodList(func(fwkdl.Endpoint) bool) []fwkdl.Endpoint
 	}
-	// remote holds the peers' endpoints (a *federation.Store); nil without
-	// federation.
-	remote interface {
-		AppendFresh(dst []fwkdl.Endpoint, now time.Time, peer func(cluster string, oldest time.Time)) []fwkdl.Endpoint
-	}
+	// remote holds the peers' endpoints; nil without federation.
+	remote remoteEndpoints
 	// gate picks the remote endpoints that join the local ones (the
 	// cross-cluster filter); nil admits every fresh one.
 	gate interface {
@@ -53,6 +50,11 @@ type candidates struct {
 }
 
 var _ contracts.EndpointCandidates = (*candidates)(nil)
+
+// remoteEndpoints is what candidates need of the federation's store.
+type remoteEndpoints interface {
+	AppendFresh(dst []fwkdl.Endpoint, now time.Time, peer func(cluster string, oldest time.Time)) []fwkdl.Endpoint
+}
 
 func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endpoint {
 	if !c.disableSubsetHint {

@@ -96,10 +96,10 @@ type harness struct {
 
 func newHarness(t testing.TB, local, remote []fwkdl.Endpoint) *harness {
 	t.Helper()
-	return newHarnessConfig(t, local, remote, testConfig)
+	return newHarnessConfig(t, local, &fakeRemote{eps: remote}, testConfig)
 }
 
-func newHarnessConfig(t testing.TB, local, remote []fwkdl.Endpoint, config string) *harness {
+func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoints, config string) *harness {
 	t.Helper()
 	RegisterPlugins()
 	raw, _, err := loader.LoadRawConfig([]byte(config), logr.Discard())
@@ -113,7 +113,7 @@ func newHarnessConfig(t testing.TB, local, remote []fwkdl.Endpoint, config strin
 		t.Fatal(err)
 	}
 	h := &harness{}
-	cands := &candidates{ds: ds, remote: &fakeRemote{eps: remote}, gate: spillFilter(handle),
+	cands := &candidates{ds: ds, remote: remote, gate: spillFilter(handle),
 		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
 	rc := requestcontrol.NewConfig()
 	rc.AddPlugins(pickRecorder{})
