@@ -31,16 +31,17 @@ func namespace(t *testing.T, c *fleet.Cluster) string {
 	// it.
 	t.Cleanup(func() {
 		_ = c.Client.Delete(context.Background(), ns)
-		noPods(t, c, name)
+		noPods(t, c, name, nil)
 	})
 	return name
 }
 
-// noPods waits until namespace ns of cluster c has no pods left.
-func noPods(t *testing.T, c *fleet.Cluster, ns string) {
+// noPods waits until namespace ns of cluster c has no pods (with labels)
+// left.
+func noPods(t *testing.T, c *fleet.Cluster, ns string, labels map[string]string) {
 	t.Helper()
 	eventually(t, 60*time.Second, "pods of "+ns+" gone from "+c.Name(), func(ctx context.Context) error {
-		pods, err := podsOf(ctx, c, ns, nil)
+		pods, err := podsOf(ctx, c, ns, labels)
 		if err != nil || len(pods) > 0 {
 			return fmt.Errorf("%d pods left (%v)", len(pods), err)
 		}
