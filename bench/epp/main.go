@@ -138,20 +138,12 @@ func run(ctx context.Context, c config) error {
 	res := results{Config: c, Started: began.UTC().Format(time.RFC3339), Machine: machine()}
 	res.LoadAverage[0] = loadAverage()
 	for rep := range c.reps {
-		// Alternate which EPP goes first, so that drift in the machine's
-		// background load does not favour one of them.
-		order := slices.Clone(variants)
-		if rep%2 == 1 {
-			slices.Reverse(order)
+		fmt.Printf("rep %d/%d\n", rep+1, c.reps)
+		runs, err := measureRep(ctx, c, variants, rep, cp.AdminKubeconfig(), servers, dir, reg)
+		if err != nil {
+			return err
 		}
-		for _, v := range order {
-			fmt.Printf("rep %d/%d: %s\n", rep+1, c.reps, v.name)
-			runs, err := measure(ctx, c, v, cp.AdminKubeconfig(), servers, dir, reg)
-			if err != nil {
-				return fmt.Errorf("%s: %w", v.name, err)
-			}
-			res.Runs = append(res.Runs, runs...)
-		}
+		res.Runs = append(res.Runs, runs...)
 	}
 	res.LoadAverage[1] = loadAverage()
 	res.summarize()
@@ -189,7 +181,15 @@ type runResult struct {
 	BytesPerPeerS map[string]float64 `json:"bytes_per_s_per_peer,omitempty"`
 }
 
-func measure(ctx context.Context, c config, v variant, kubeconfig string, servers *modelServers, dir string, reg *process.Registry) ([]runResult, error) {
+// eppProc is one running EPP.
+type eppProc struct {
+	v          variant
+	p          *process.Process
+	picker     *extproc.Client
+	metricsURL string
+}
+
+func startEPP(ctx context.Context, v variant, kubeconfig, dir string, reg *process.Registry) (*eppProc, error) {
 	ports, err := controlplane.FreePorts(3)
 	if err != nil {
 		return nil, err
@@ -202,56 +202,119 @@ func measure(ctx context.Context, c config, v variant, kubeconfig string, server
 	if err != nil {
 		return nil, err
 	}
-	defer p.Stop(controlplane.StopGrace)
-	metricsURL := "http://127.0.0.1:" + portString(ports[2]) + "/metrics"
-	if err := waitReady(ctx, "127.0.0.1:"+portString(ports[1]), metricsURL, v.federated, p); err != nil {
+	e := &eppProc{v: v, p: p, metricsURL: "http://127.0.0.1:" + portString(ports[2]) + "/metrics"}
+	if err := waitReady(ctx, "127.0.0.1:"+portString(ports[1]), e.metricsURL, v.federated, p); err != nil {
+		e.stop()
 		return nil, err
 	}
-	picker, err := extproc.Dial("127.0.0.1:" + portString(ports[0]))
-	if err != nil {
+	if e.picker, err = extproc.Dial("127.0.0.1:" + portString(ports[0])); err != nil {
+		e.stop()
 		return nil, err
 	}
-	defer picker.Close()
+	return e, nil
+}
+
+func (e *eppProc) stop() {
+	if e.picker != nil {
+		_ = e.picker.Close()
+	}
+	e.p.Stop(controlplane.StopGrace)
+}
+
+// chunks is how many slices each phase is cut into, the EPPs taking turns
+// slice by slice, so that both see the same background load on a shared
+// machine.
+const chunks = 4
+
+// measureRep runs every phase on all EPPs at once.
+func measureRep(ctx context.Context, c config, variants []variant, rep int, kubeconfig string, servers *modelServers, dir string, reg *process.Registry) ([]runResult, error) {
+	var procs []*eppProc
+	defer func() {
+		for _, e := range procs {
+			e.stop()
+		}
+	}()
+	for _, v := range variants {
+		e, err := startEPP(ctx, v, kubeconfig, dir, reg)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", v.name, err)
+		}
+		procs = append(procs, e)
+	}
 	var out []runResult
 	for _, scenario := range []string{"headroom", "saturated"} {
 		servers.saturated.Store(scenario == "saturated")
-		// A few scrapes, then the federation, catch up; the EPP's CPU while
+		// A few scrapes, then the federation, catch up; each EPP's CPU while
 		// idle is measured meanwhile.
-		idleFrom := cpuTime(p.PID())
+		idleFrom := map[*eppProc]time.Duration{}
+		for _, e := range procs {
+			idleFrom[e] = cpuTime(e.p.PID())
+		}
 		time.Sleep(2 * time.Second)
-		idle := (cpuTime(p.PID()) - idleFrom).Seconds() / 2 * 100
+		idle := map[*eppProc]float64{}
+		for _, e := range procs {
+			idle[e] = (cpuTime(e.p.PID()) - idleFrom[e]).Seconds() / 2 * 100
+		}
 		for _, load := range []string{"sequential", "concurrent"} {
-			before, err := scrape(ctx, metricsURL)
-			if err != nil {
-				return nil, err
-			}
 			workers, picks := 1, c.seq
 			if load == "concurrent" {
 				workers, picks = c.conc, c.concPicks
 			}
-			if _, _, _, err := drive(ctx, picker, 1, c.warmup); err != nil {
-				return nil, err
+			type acc struct {
+				lat           []time.Duration
+				remote, errs  int
+				elapsed, cpu  time.Duration
+				before, after map[string]float64
 			}
-			start, cpuFrom := time.Now(), cpuTime(p.PID())
-			lat, remote, errs, err := drive(ctx, picker, workers, picks)
-			if err != nil {
-				return nil, err
+			accs := map[*eppProc]*acc{}
+			for _, e := range procs {
+				m, err := scrape(ctx, e.metricsURL)
+				if err != nil {
+					return nil, err
+				}
+				accs[e] = &acc{before: m}
 			}
-			elapsed, cpu := time.Since(start), cpuTime(p.PID())-cpuFrom
-			after, err := scrape(ctx, metricsURL)
-			if err != nil {
-				return nil, err
+			phaseStart := time.Now()
+			for chunk := range chunks {
+				order := slices.Clone(procs)
+				if (rep+chunk)%2 == 1 {
+					slices.Reverse(order)
+				}
+				for _, e := range order {
+					if _, _, _, err := drive(ctx, e.picker, 1, c.warmup/chunks); err != nil {
+						return nil, err
+					}
+					start, cpuFrom := time.Now(), cpuTime(e.p.PID())
+					lat, remote, errs, err := drive(ctx, e.picker, workers, picks/chunks)
+					if err != nil {
+						return nil, fmt.Errorf("%s: %w", e.v.name, err)
+					}
+					a := accs[e]
+					a.elapsed += time.Since(start)
+					a.cpu += cpuTime(e.p.PID()) - cpuFrom
+					a.lat, a.remote, a.errs = append(a.lat, lat...), a.remote+remote, a.errs+errs
+				}
 			}
-			r := runResult{EPP: v.name, Scenario: scenario, Load: load, Picks: len(lat), Errors: errs,
-				P50Ms: pct(lat, 50), P90Ms: pct(lat, 90), P99Ms: pct(lat, 99), PerSec: float64(len(lat)) / elapsed.Seconds(), Remote: remote,
-				CPUPerPickUs: float64(cpu.Microseconds()) / float64(max(len(lat), 1)), IdleCPU: idle}
-			if v.federated > 0 {
-				r.LagP50Ms, r.LagP99Ms, r.LagSamples = lagQuantiles(before, after)
-				r.BytesPerPeerS = bytesPerPeer(before, after, elapsed)
+			phase := time.Since(phaseStart)
+			for _, e := range procs {
+				a := accs[e]
+				m, err := scrape(ctx, e.metricsURL)
+				if err != nil {
+					return nil, err
+				}
+				a.after = m
+				r := runResult{EPP: e.v.name, Scenario: scenario, Load: load, Picks: len(a.lat), Errors: a.errs,
+					P50Ms: pct(a.lat, 50), P90Ms: pct(a.lat, 90), P99Ms: pct(a.lat, 99), PerSec: float64(len(a.lat)) / a.elapsed.Seconds(),
+					Remote: a.remote, CPUPerPickUs: float64(a.cpu.Microseconds()) / float64(max(len(a.lat), 1)), IdleCPU: idle[e]}
+				if e.v.federated > 0 {
+					r.LagP50Ms, r.LagP99Ms, r.LagSamples = lagQuantiles(a.before, a.after)
+					// Federation bytes flow all phase long, picks or not.
+					r.BytesPerPeerS = bytesPerPeer(a.before, a.after, phase)
+				}
+				out = append(out, r)
+				fmt.Printf("  %-10s %-10s %-10s p50 %.2f ms  p99 %.2f ms  %.0f picks/s  remote %d  errors %d  age p99 %.0f ms  cpu %.0f µs/pick  idle %.0f%%\n",
+					e.v.name, scenario, load, r.P50Ms, r.P99Ms, r.PerSec, r.Remote, r.Errors, r.LagP99Ms, r.CPUPerPickUs, r.IdleCPU)
 			}
-			out = append(out, r)
-			fmt.Printf("  %-10s %-10s p50 %.2f ms  p99 %.2f ms  %.0f picks/s  remote %d  errors %d  age p99 %.0f ms  cpu %.0f µs/pick  idle %.0f%%\n",
-				scenario, load, r.P50Ms, r.P99Ms, r.PerSec, remote, errs, r.LagP99Ms, r.CPUPerPickUs, r.IdleCPU)
 		}
 	}
 	servers.saturated.Store(false)

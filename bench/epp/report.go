@@ -68,7 +68,7 @@ func (r *results) summarize() {
 	c := r.Config
 	r.Setup = setup{Repetitions: c.reps, LocalPods: c.local, Peers: c.peers, PodsPerPeer: c.perPeer, FederatedAll: c.local + c.peers*c.perPeer,
 		Sequential: c.seq, Concurrent: fmt.Sprintf("%d picks over %d pickers", c.concPicks, c.conc),
-		Notes: "Local pods are metric servers on loopback pod addresses scraped by both EPPs every 50 ms (GIE's default); " +
+		Notes: "Local pods are metric servers on loopback pod addresses scraped by both EPPs (running side by side) every 50 ms (GIE's default); " +
 			"peers are real fleetinfer federation servers (mTLS) in the benchmark process publishing synthetic pod state " +
 			"(every pod re-scraped each 50 ms, a tenth of them changing each time). 'headroom': local pods report empty queues; " +
 			"'saturated': they report 10 waiting requests, so fleetinfer spills: its candidates are the 100 local pods plus the least loaded " +
@@ -139,7 +139,7 @@ func (r *results) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# EPP benchmark: fleetinfer (federated view of %d pods) vs GIE v1.5.0 stock (%d local pods)\n\n",
 		r.Setup.FederatedAll, r.Setup.LocalPods)
-	fmt.Fprintf(&b, "Written by `make bench` (bench/epp) on %s, %s, in %s. Medians of %d repetitions; each repetition runs both EPPs in turn, alternating which goes first.\n\n",
+	fmt.Fprintf(&b, "Written by `make bench` (bench/epp) on %s, %s, in %s. Medians of %d repetitions. Both EPPs run side by side throughout a repetition and take turns in four slices of every phase, so that both see the same background load; only one is picked from at a time.\n\n",
 		r.Machine, r.Started, r.Duration, r.Setup.Repetitions)
 	fmt.Fprintf(&b, "The machine's 1-minute load average was %.1f at the start and %.1f at the end (2 cores; other work on the machine inflates tails).\n\n",
 		r.LoadAverage[0], r.LoadAverage[1])
