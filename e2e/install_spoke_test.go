@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/deploy/charts"
+	"github.com/fleetinfer/fleetinfer/deploy/monitoring"
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 )
 
@@ -125,18 +127,86 @@ func scrape(ctx context.Context, url string) (string, error) {
 	return string(b), err
 }
 
-// The per-cluster chart, rendered with the Helm SDK and server-side applied
-// to a spoke, with two replicas: the local kubelet runs its Deployment
-// (ghcr.io/fleetinfer/spoke) as bin/spoke with the pod's ServiceAccount
-// token, so a leader being elected, KServe's CPU sample turning Ready and
-// serving through the gateway, and the cluster's capacity report appearing
-// prove the chart's generated RBAC is enough. The chart's presets are the
-// ones in use: the controller is told not to install its own.
-func TestInstallSpokeChartRunsTheControllerUnderItsOwnServiceAccount(t *testing.T) {
-	inst := startInstallFleet(t)
-	spoke := inst.Spokes[0]
-	ctx := context.Background()
+// seriesNames returns the names of the series in a Prometheus text
+// exposition.
+func seriesNames(exposition string) map[string]bool {
+	out := map[string]bool{}
+	for _, line := range strings.Split(exposition, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if i := strings.IndexAny(line, "{ "); i > 0 {
+			out[line[:i]] = true
+		}
+	}
+	return out
+}
 
+// exposesDashboardMetrics waits until the binary at url exposes every
+// metric with one of the prefixes that the dashboard or the alerts query,
+// except those that appear only after events this fleet does not produce
+// (notYet). Gauges a binary refreshes periodically (GIE's pool averages,
+// every 5 s) may take a while to appear.
+func exposesDashboardMetrics(t *testing.T, what, url string, prefixes []string, notYet map[string]string) {
+	t.Helper()
+	used, err := monitoring.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for name := range used {
+		base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+		if _, later := notYet[base]; !later && slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
+			want = append(want, name)
+		}
+	}
+	if len(want) == 0 {
+		t.Fatalf("no dashboard metric of %s to check", what)
+	}
+	slices.Sort(want)
+	eventually(t, 30*time.Second, what+" exposes the dashboard's metrics", func(ctx context.Context) error {
+		exposition, err := scrape(ctx, url)
+		if err != nil {
+			return err
+		}
+		have := seriesNames(exposition)
+		var missing []string
+		for _, name := range want {
+			if !have[name] {
+				missing = append(missing, name)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("missing %v", missing)
+		}
+		return nil
+	})
+}
+
+// fleetinfer installed from its manifests on a fresh fleet, as a user does
+// it, each part under its own ServiceAccount; see the subtests.
+func TestInstallFromTheManifests(t *testing.T) {
+	inst := startInstallFleet(t)
+	if !t.Run("spoke chart runs the controller under its own ServiceAccount", func(t *testing.T) {
+		installSpokeChart(t, inst.Spokes[0])
+	}) {
+		return
+	}
+	t.Run("hub manifests run the hub under its own ServiceAccount and a registered spoke's least privilege", func(t *testing.T) {
+		installHub(t, inst)
+	})
+}
+
+// installSpokeChart renders the per-cluster chart with the Helm SDK and
+// server-side applies it to the spoke, with two replicas: the local kubelet
+// runs its Deployment (ghcr.io/fleetinfer/spoke) as bin/spoke with the pod's
+// ServiceAccount token, so a leader being elected, KServe's CPU sample
+// turning Ready and serving through the gateway, and the cluster's capacity
+// report appearing prove the chart's generated RBAC is enough. The chart's
+// presets are the ones in use: the controller is told not to install its
+// own. The running controller and EPP expose what the dashboard queries.
+func installSpokeChart(t *testing.T, spoke *fleet.Cluster) {
+	ctx := context.Background()
 	c, err := charts.Load(charts.Spoke)
 	if err != nil {
 		t.Fatal(err)
@@ -166,14 +236,7 @@ func TestInstallSpokeChartRunsTheControllerUnderItsOwnServiceAccount(t *testing.
 		return nil
 	})
 	eventually(t, 30*time.Second, "a leader", func(ctx context.Context) error {
-		lease := &coordinationv1.Lease{}
-		if err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: fleet.Namespace, Name: "fleetinfer-spoke"}, lease); err != nil {
-			return err
-		}
-		if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
-			return fmt.Errorf("lease without holder")
-		}
-		return nil
+		return leaseHeld(ctx, spoke.Client, "fleetinfer-spoke")
 	})
 	cfg := &v1alpha2.LLMInferenceServiceConfig{}
 	if err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: fleet.Namespace, Name: "kserve-config-llm-scheduler"}, cfg); err != nil {
@@ -183,19 +246,21 @@ func TestInstallSpokeChartRunsTheControllerUnderItsOwnServiceAccount(t *testing.
 		t.Errorf("scheduler preset labels %v: the controller overwrote the chart's presets", cfg.Labels)
 	}
 
-	serveKServeCPUSample(t, spoke)
+	epp := serveKServeCPUSample(t, spoke)
 
 	eventually(t, 30*time.Second, "capacity report", func(ctx context.Context) error {
 		return spoke.Client.Get(ctx, client.ObjectKey{Name: "cluster"}, &fleetv1alpha1.ClusterCapacity{})
 	})
 	leaders := 0
 	for _, p := range pods {
-		metrics, err := scrape(ctx, "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/metrics")
+		url := "http://" + net.JoinHostPort(p.Status.PodIP, "8080") + "/metrics"
+		metrics, err := scrape(ctx, url)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if strings.Contains(metrics, `controller_runtime_reconcile_total{controller="llminferenceservice",result="success"}`) {
 			leaders++
+			exposesDashboardMetrics(t, "the spoke controller", url, []string{"controller_runtime_", "workqueue_"}, nil)
 		}
 		if err := spoke.Client.Get(ctx, client.ObjectKeyFromObject(&p), &p); err != nil {
 			t.Fatal(err)
@@ -212,4 +277,27 @@ func TestInstallSpokeChartRunsTheControllerUnderItsOwnServiceAccount(t *testing.
 	if leaders != 1 {
 		t.Errorf("%d controller pods reconciled services, want the one leader", leaders)
 	}
+	exposesDashboardMetrics(t, "the endpoint picker", "http://"+net.JoinHostPort(epp.Status.PodIP, "9090")+"/metrics", []string{"fleetinfer_epp_", "inference_"}, map[string]string{
+		"fleetinfer_epp_federation_lag_seconds":         "needs federation peers",
+		"fleetinfer_epp_federation_remote_endpoints":    "needs federation peers",
+		"fleetinfer_epp_federation_bytes_total":         "needs federation peers",
+		"fleetinfer_epp_federation_updates_total":       "needs federation peers",
+		"fleetinfer_epp_federation_stream_errors_total": "needs a failing peer",
+		"fleetinfer_epp_federation_refused_total":       "needs a refused peer",
+		"fleetinfer_epp_subset_hints_total":             "needs a Parent-mode request",
+		"inference_objective_request_error_total":       "needs a failed request",
+	})
+}
+
+// leaseHeld checks that the leader election lease of that name in the
+// fleet's namespace has a holder.
+func leaseHeld(ctx context.Context, c client.Client, name string) error {
+	lease := &coordinationv1.Lease{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: fleet.Namespace, Name: name}, lease); err != nil {
+		return err
+	}
+	if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+		return fmt.Errorf("lease %s has no holder", name)
+	}
+	return nil
 }

@@ -33,8 +33,9 @@ func TestKServeCPUSampleBecomesReadyAndServesThroughTheGateway(t *testing.T) {
 
 // serveKServeCPUSample applies KServe's CPU sample to a new namespace of the
 // spoke, waits for it to be Ready through whichever spoke controller runs
-// there, and sends a completion through the gateway.
-func serveKServeCPUSample(t *testing.T, spoke *fleet.Cluster) {
+// there, sends a completion through the gateway, and returns the service's
+// endpoint picker pod.
+func serveKServeCPUSample(t *testing.T, spoke *fleet.Cluster) corev1.Pod {
 	t.Helper()
 	ns := namespace(t, spoke)
 	ctx := context.Background()
@@ -108,4 +109,5 @@ func serveKServeCPUSample(t *testing.T, spoke *fleet.Cluster) {
 			}
 		}
 	}
+	return epp
 }

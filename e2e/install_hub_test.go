@@ -1,0 +1,185 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/deploy/charts"
+	"github.com/fleetinfer/fleetinfer/e2e/binaries"
+	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
+	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/e2e/process"
+)
+
+// kubectl runs the pinned kubectl.
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	return runTool(t, "kubectl", args...)
+}
+
+// runTool runs a command with the pinned kubectl first on PATH (scripts such
+// as register-spoke.sh call it) and returns its output.
+func runTool(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	bins, err := binaries.Locate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(bins.KubeAPIServer)
+	if name == "kubectl" {
+		name = filepath.Join(dir, "kubectl")
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// serviceAccountKubeconfig writes a kubeconfig for a token of the
+// ServiceAccount, as a pod of it would authenticate.
+func serviceAccountKubeconfig(t *testing.T, c *fleet.Cluster, ns, name string) string {
+	t.Helper()
+	tr, err := c.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(context.Background(), name,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := c.Admin()
+	cfg := &rest.Config{Host: admin.Host, BearerToken: tr.Status.Token, TLSClientConfig: rest.TLSClientConfig{CAData: admin.CAData}}
+	path := filepath.Join(c.Dir(), name+".kubeconfig")
+	if err := controlplane.WriteKubeconfig(path, c.Name(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// installHub applies deploy/hub to the hub with `kubectl apply
+// --server-side -k`, registers the spoke with deploy/hub/register-spoke.sh
+// (the hub then reaches it only with the spoke-access ClusterRole), and runs
+// bin/hub with the Deployment's own flags under the hub's ServiceAccount.
+// A KServe service with a placement, applied to the hub, is copied to the
+// spoke, turns Ready there through the chart-installed spoke controller, and
+// the hub reports it Ready: the hub's generated RBAC and the spoke-access
+// rules are enough.
+func installHub(t *testing.T, inst *fleet.Fleet) {
+	ctx := context.Background()
+	hub, spoke := inst.Hub, inst.Spokes[0]
+	root, err := binaries.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, "--kubeconfig", hub.AdminKubeconfig(), "apply", "--server-side", "-k", filepath.Join(root, "deploy", "hub"))
+	runTool(t, filepath.Join(root, "deploy", "hub", "register-spoke.sh"), spoke.Name(), spoke.AdminKubeconfig(), hub.AdminKubeconfig())
+
+	// The hub cluster has no kubelet: run the Deployment's container as a
+	// process, with its flags, on loopback ports.
+	objs, err := charts.ParseManifests([]byte(kubectl(t, "kustomize", filepath.Join(root, "deploy", "hub"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	for _, o := range objs {
+		if o.GetKind() == "Deployment" && o.GetName() == "fleetinfer-hub" {
+			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			args, _, _ = unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+		}
+	}
+	ports, err := controlplane.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	probeAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	for i, a := range args {
+		switch {
+		case strings.HasPrefix(a, "--metrics-bind-address="):
+			args[i] = "--metrics-bind-address=" + metricsAddr
+		case strings.HasPrefix(a, "--health-probe-bind-address="):
+			args[i] = "--health-probe-bind-address=" + probeAddr
+		}
+	}
+	if len(args) == 0 {
+		t.Fatal("no hub Deployment in deploy/hub")
+	}
+	bins, err := binaries.Locate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(hub.Dir(), "logs", "hub-installed.log")
+	p, err := process.Start(process.Spec{
+		Name: "hub/hub-installed", Path: bins.Hub, LogPath: logPath,
+		Args: append(args, "--kubeconfig="+serviceAccountKubeconfig(t, hub, fleet.Namespace, "fleetinfer-hub")),
+	}, inst.Registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(logPath); t.Failed() && err == nil {
+			t.Logf("hub log (last 8 KiB):\n%s", b[max(0, len(b)-8192):])
+		}
+	})
+	if err := controlplane.WaitHTTP(ctx, p, http.DefaultClient, "http://"+probeAddr+"/readyz", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a hub leader", func(ctx context.Context) error {
+		return leaseHeld(ctx, hub.Client, "fleetinfer-hub")
+	})
+
+	ns := namespace(t, hub)
+	svc := gpuService(ns, "installed", 1, 1)
+	placement := &fleetv1alpha1.InferencePlacement{ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: ns},
+		Spec: fleetv1alpha1.InferencePlacementSpec{ServiceSelector: &metav1.LabelSelector{MatchLabels: svc.Labels}}}
+	for _, o := range []client.Object{svc, placement} {
+		if err := hub.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 90*time.Second, "hub service Ready from its spoke copy", func(ctx context.Context) error {
+		cur := &v1alpha2.LLMInferenceService{}
+		if err := hub.Client.Get(ctx, client.ObjectKeyFromObject(svc), cur); err != nil {
+			return err
+		}
+		if !cur.Status.IsTrue(v1alpha2.Ready) {
+			return fmt.Errorf("not Ready: %s", hubConditions(cur))
+		}
+		return spoke.Client.Get(ctx, client.ObjectKeyFromObject(svc), &v1alpha2.LLMInferenceService{})
+	})
+
+	if b, err := os.ReadFile(logPath); err != nil || strings.Contains(strings.ToLower(string(b)), "forbidden") {
+		t.Errorf("the hub was refused something its RBAC should grant (%v):\n%s", err, b)
+	}
+	exposesDashboardMetrics(t, "the hub", "http://"+metricsAddr+"/metrics", []string{"fleetinfer_hub_", "controller_runtime_", "workqueue_"}, map[string]string{
+		"fleetinfer_hub_cluster_probe_failures_total": "needs an unreachable spoke",
+	})
+	if err := hub.Client.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "spoke copy removed with the hub service", func(ctx context.Context) error {
+		err := spoke.Client.Get(ctx, client.ObjectKeyFromObject(svc), &v1alpha2.LLMInferenceService{})
+		if client.IgnoreNotFound(err) != nil || err == nil {
+			return fmt.Errorf("copy still there (%v)", err)
+		}
+		return nil
+	})
+}
