@@ -132,6 +132,9 @@ func (r *results) write(dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, "epp-latency.svg"), []byte(r.latencySVG()), 0o644); err != nil {
 		return err
 	}
+	if err := os.WriteFile(filepath.Join(dir, "epp-freshness.svg"), []byte(r.freshnessSVG()), 0o644); err != nil {
+		return err
+	}
 	return os.WriteFile(filepath.Join(dir, "epp.md"), []byte(r.markdown()), 0o644)
 }
 
@@ -178,7 +181,7 @@ func (r *results) markdown() string {
 			fmt.Fprintf(&b, "| %s | %s | (no remote candidates) | | %.0f |\n", s.Scenario, s.Load, s.BytesPerPeerS)
 		}
 	}
-	b.WriteString("\n![pick latency](epp-latency.svg)\n")
+	b.WriteString("\n![pick latency](epp-latency.svg)\n\n![federation freshness](epp-freshness.svg)\n")
 	return b.String()
 }
 
@@ -220,6 +223,44 @@ func (r *results) latencySVG() string {
 		}
 		fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="middle">%s</text><text x="%.0f" y="%d" text-anchor="middle">%s %s</text>`+"\n",
 			x+slot*0.35, h-bottom+15, s.EPP, x+slot*0.35, h-bottom+29, s.Scenario, s.Load[:3])
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// freshnessSVG draws, per repetition of the saturated phases, the p50 and
+// p99 age of remote data at pick time against the 250 ms target.
+func (r *results) freshnessSVG() string {
+	const w, h, left, bottom, top, target = 760, 300, 60, 50, 40, 250.0
+	var runs []runResult
+	for _, run := range r.Runs {
+		if run.EPP == "fleetinfer" && run.Scenario == "saturated" {
+			runs = append(runs, run)
+		}
+	}
+	maxV := target * 1.2
+	for _, run := range runs {
+		maxV = max(maxV, run.LagP99Ms)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", w, h)
+	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14">Age of remote data at pick time, ms (p50 solid, p99 light; dashed: 250 ms target)</text>`+"\n", left)
+	plotH := float64(h - bottom - top)
+	y := func(v float64) float64 { return float64(h-bottom) - plotH*v/maxV }
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", left, h-bottom, w-10, h-bottom)
+	for _, v := range []float64{0, 100, 200, 300, 400, 500} {
+		if v > maxV {
+			break
+		}
+		fmt.Fprintf(&b, `<text x="%d" y="%.0f" text-anchor="end">%.0f</text><line x1="%d" y1="%.0f" x2="%d" y2="%.0f" stroke="#ddd"/>`+"\n", left-5, y(v)+4, v, left, y(v), w-10, y(v))
+	}
+	fmt.Fprintf(&b, `<line x1="%d" y1="%.0f" x2="%d" y2="%.0f" stroke="#c00" stroke-dasharray="6 4"/>`+"\n", left, y(target), w-10, y(target))
+	slot := float64(w-left-20) / float64(max(len(runs), 1))
+	for i, run := range runs {
+		x := float64(left) + slot*float64(i) + slot*0.2
+		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="#d0703c" fill-opacity="0.35"/>`+"\n", x, y(run.LagP99Ms), slot*0.6, float64(h-bottom)-y(run.LagP99Ms))
+		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="#d0703c"/>`+"\n", x+slot*0.15, y(run.LagP50Ms), slot*0.3, float64(h-bottom)-y(run.LagP50Ms))
+		fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="middle">rep %d %s</text>`+"\n", x+slot*0.3, h-bottom+15, i/2+1, run.Load[:3])
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
