@@ -13,7 +13,7 @@
 # TOKEN_DURATION the token's lifetime (default 8760h; re-run to rotate).
 set -euo pipefail
 if [[ $# -ne 3 ]]; then
-  sed -n '7p' "$0" >&2
+  echo "usage: $0 NAME SPOKE_KUBECONFIG HUB_KUBECONFIG" >&2
   exit 2
 fi
 name=$1 spoke=$2 hub=$3
