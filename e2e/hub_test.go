@@ -267,7 +267,7 @@ func TestHubReportsButNeverOverwritesAForeignObject(t *testing.T) {
 	if err := east.Client.Get(ctx, client.ObjectKeyFromObject(foreign), foreign); err != nil {
 		t.Fatal(err)
 	}
-	if ptr.Deref(foreign.Spec.Replicas, 0) != 3 || foreign.Labels[distribute.ManagedByLabel] != "" {
+	if ptr.Deref(foreign.Spec.Replicas, 0) != 3 || foreign.Labels[fleetv1alpha1.ManagedByLabel] != "" {
 		t.Errorf("foreign object changed: replicas %v labels %v", foreign.Spec.Replicas, foreign.Labels)
 	}
 	got, err := copies(ctx, ns, "contested")
@@ -337,12 +337,24 @@ func forEachHubWrite(t *testing.T, since time.Time, fn func(cluster, verb, uri s
 // or delete by the hub over 60 s.
 func TestHubSteadyStateMakesNoWrites(t *testing.T) {
 	ns := namespace(t, fl.Hub)
-	place(t, gpuService(ns, "steady-a", 1, 1), fleetv1alpha1.InferencePlacementSpec{})
+	// steady-a has an endpoint picker: its pool is exported and the pickers
+	// federate, so those controllers are held to the same standard.
+	a := gpuService(ns, "steady-a", 1, 1)
+	a.Spec.Router = &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{}}
+	place(t, a, fleetv1alpha1.InferencePlacementSpec{})
 	place(t, gpuService(ns, "steady-b", 1, 2), fleetv1alpha1.InferencePlacementSpec{
 		Replicas: fleetv1alpha1.ReplicaScheduling{Strategy: fleetv1alpha1.Weighted, Total: ptr.To(int32(3)),
 			Weights: []fleetv1alpha1.ClusterWeight{{Cluster: "east", Weight: 2}, {Cluster: "west", Weight: 1}}}})
 	hubReady(t, ns, "steady-a", "central=1,east=1,west=1", 60*time.Second)
 	hubReady(t, ns, "steady-b", "east=2,west=1", 60*time.Second)
+	eventually(t, 30*time.Second, "complete peer directories", func(ctx context.Context) error {
+		for _, s := range fl.Spokes {
+			if d, err := directory(ctx, s, ns, "steady-a"); err != nil || len(d.Peers) != 2 {
+				return fmt.Errorf("%s: %v %v", s.Name(), d, err)
+			}
+		}
+		return nil
+	})
 	// Let in-flight status writes land before the quiet period starts.
 	time.Sleep(3 * time.Second)
 	start := time.Now()

@@ -1,6 +1,7 @@
 // Package hub assembles the hub: the cluster inventory, the service
 // placement and distribution controller, placement status, the orphan
-// collector, and the InferencePool export controller, on a
+// collector, the InferencePool export controller and the endpoint-picker
+// federation (peer directories and certificates), on a
 // multicluster-runtime manager whose provider engages the spoke clusters.
 package hub
 
@@ -8,12 +9,15 @@ import (
 	"context"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	clusterv1 "open-cluster-management.io/api/cluster/v1"
 	clusterv1beta1 "open-cluster-management.io/api/cluster/v1beta1"
 	clusterinventoryv1alpha1 "sigs.k8s.io/cluster-inventory-api/apis/v1alpha1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
@@ -25,6 +29,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/distribute"
 	"github.com/fleetinfer/fleetinfer/hub/export"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
+	"github.com/fleetinfer/fleetinfer/hub/peers"
 )
 
 // Scheme knows every API the hub reads or writes, on the hub and in spokes.
@@ -42,9 +47,21 @@ func init() {
 	utilruntime.Must(gwapiv1.Install(Scheme))
 }
 
-// ClusterOptions make every engaged spoke cluster use the hub's scheme.
+// ClusterOptions make every engaged spoke cluster use the hub's scheme and
+// cache only the pods, ConfigMaps and Secrets the hub works with.
 func ClusterOptions() []cluster.Option {
-	return []cluster.Option{func(o *cluster.Options) { o.Scheme = Scheme }}
+	return []cluster.Option{func(o *cluster.Options) {
+		o.Scheme = Scheme
+		o.Cache.ByObject = peers.SpokeCache()
+	}}
+}
+
+// CacheOptions limit the hub's cache of its own Secrets to the namespace of
+// the registrations and the federation CA.
+func CacheOptions(namespace string) cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Namespaces: map[string]cache.Config{namespace: {}}},
+	}}
 }
 
 // Options configure the hub.
@@ -58,6 +75,13 @@ type Options struct {
 	ProbeInterval time.Duration
 	// OrphanInterval is how often the orphan collector sweeps the spokes.
 	OrphanInterval time.Duration
+	// FederationCASecret is the Secret in Namespace holding the federation
+	// CA (created when missing).
+	FederationCASecret string
+	// TrustDomain is the SPIFFE trust domain of endpoint-picker identities.
+	TrustDomain string
+	// Gateway is each spoke's inference Gateway.
+	Gateway client.ObjectKey
 }
 
 // Setup registers the hub's components with mgr.
@@ -76,6 +100,12 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 		return err
 	}
 	if err := (&export.Reconciler{Inv: inv}).SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	fed := &peers.Reconciler{Hub: local.GetClient(), Inv: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub"),
+		CA:   &peers.Authority{Client: local.GetClient(), Secret: client.ObjectKey{Namespace: opts.Namespace, Name: opts.FederationCASecret}},
+		Opts: peers.Options{TrustDomain: opts.TrustDomain, Gateway: opts.Gateway}}
+	if err := fed.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
 	return local.Add(&distribute.OrphanCollector{Hub: local.GetClient(), Inv: inv, Interval: opts.OrphanInterval})

@@ -4,9 +4,11 @@ package main
 import (
 	"flag"
 	"os"
+	"strings"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
 
@@ -22,13 +24,25 @@ func main() {
 	flag.DurationVar(&opts.DefaultToleration, "default-failover-toleration", 60*time.Second, "How long a cluster may be unavailable before its replicas move, for placements that set no failover.tolerationSeconds.")
 	flag.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "How often each spoke's API server is probed.")
 	flag.DurationVar(&opts.OrphanInterval, "orphan-collection-interval", 30*time.Second, "How often spokes are swept for copies no hub object accounts for.")
+	flag.StringVar(&opts.FederationCASecret, "federation-ca-secret", "fleetinfer-federation-ca", "Secret in --cluster-namespace holding the CA (tls.crt, tls.key) that signs endpoint pickers' federation certificates; created when missing.")
+	flag.StringVar(&opts.TrustDomain, "federation-trust-domain", "fleetinfer.io", "SPIFFE trust domain of endpoint-picker identities (spiffe://<domain>/cluster/<c>/ns/<ns>/llminferenceservice/<name>).")
+	gateway := flag.String("spoke-gateway", "fleetinfer-system/inference-gateway", "namespace/name of each spoke's inference Gateway, whose address peers use in Parent mode.")
 	flag.Parse()
 	log := mf.Logger()
 	ctrl.SetLogger(log)
 
+	ns, name, ok := strings.Cut(*gateway, "/")
+	if !ok || ns == "" || name == "" {
+		log.Error(nil, "--spoke-gateway must be namespace/name", "value", *gateway)
+		os.Exit(2)
+	}
+	opts.Gateway = client.ObjectKey{Namespace: ns, Name: name}
+
 	ctx := ctrl.SetupSignalHandler()
 	provider := kubeconfig.New(kubeconfig.Options{Namespace: opts.Namespace, ClusterOptions: hub.ClusterOptions()})
-	mgr, err := mcmanager.New(ctrl.GetConfigOrDie(), provider, mf.Options(hub.Scheme, "fleetinfer-hub"))
+	mo := mf.Options(hub.Scheme, "fleetinfer-hub")
+	mo.Cache = hub.CacheOptions(opts.Namespace)
+	mgr, err := mcmanager.New(ctrl.GetConfigOrDie(), provider, mo)
 	if err == nil {
 		err = provider.SetupWithManager(ctx, mgr)
 	}

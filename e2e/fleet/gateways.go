@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/e2e/gateway"
 )
 
@@ -70,7 +72,9 @@ func (f *Fleet) startGateway(ctx context.Context, s *Cluster, index int, peers [
 			Description: ptr.To("Local fleet gateway: ext-proc to endpoint pickers as Envoy")},
 	}
 	gw := &gatewayv1.Gateway{
-		ObjectMeta: metav1.ObjectMeta{Name: GatewayName, Namespace: Namespace},
+		// The hub tells Parent-mode peers to use the peer listener.
+		ObjectMeta: metav1.ObjectMeta{Name: GatewayName, Namespace: Namespace, Annotations: map[string]string{
+			fleetv1alpha1.GatewayPeerPortAnnotation: strconv.Itoa(gateway.DefaultPeerPort)}},
 		Spec: gatewayv1.GatewaySpec{
 			GatewayClassName: GatewayClassName,
 			Listeners: []gatewayv1.Listener{{

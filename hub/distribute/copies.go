@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -50,7 +51,7 @@ func (r *Reconciler) observe(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 			continue
 		}
 		o.exists, o.obj = true, cp
-		o.ours = cp.Labels[ManagedByLabel] == ManagedByValue
+		o.ours = cp.Labels[fleetv1alpha1.ManagedByLabel] == fleetv1alpha1.ManagedByHub
 		o.replicas = ptr.Deref(cp.Spec.Replicas, 1)
 		if w := cp.Status.Workloads; w != nil && w.Primary != nil {
 			o.readyReplicas = ptr.Deref(w.Primary.ReadyReplicas, 0)
@@ -98,7 +99,7 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			if o.exists && o.replicas > want && !settled {
 				replicas = o.replicas // shrink once the others are ready
 			}
-			if err := r.ensureCopy(ctx, c, svc, replicas, o); err != nil {
+			if err := r.ensureCopy(ctx, c, desiredCopy(svc, c.Name, replicas, d.federation), o); err != nil {
 				errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
 			}
 		case o.exists && o.ours && settled:
@@ -111,8 +112,9 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 }
 
 // desiredCopy is the service as one cluster runs it: the hub's spec with the
-// cluster's replicas, labelled as the hub's.
-func desiredCopy(svc *v1alpha2.LLMInferenceService, replicas int32) *v1alpha2.LLMInferenceService {
+// cluster's replicas, labelled as the hub's, and, when its endpoint picker
+// federates, annotated with the cluster's name and the federation mode.
+func desiredCopy(svc *v1alpha2.LLMInferenceService, cluster string, replicas int32, federation fleetv1alpha1.FederationMode) *v1alpha2.LLMInferenceService {
 	cp := &v1alpha2.LLMInferenceService{
 		ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: svc.Namespace,
 			Labels: maps.Clone(svc.Labels), Annotations: maps.Clone(svc.Annotations)},
@@ -125,10 +127,14 @@ func desiredCopy(svc *v1alpha2.LLMInferenceService, replicas int32) *v1alpha2.LL
 		cp.Annotations = map[string]string{}
 	}
 	delete(cp.Annotations, corev1.LastAppliedConfigAnnotation)
-	cp.Labels[ManagedByLabel] = ManagedByValue
-	cp.Annotations[OriginUIDAnnotation] = string(svc.UID)
+	cp.Labels[fleetv1alpha1.ManagedByLabel] = fleetv1alpha1.ManagedByHub
+	cp.Annotations[fleetv1alpha1.OriginUIDAnnotation] = string(svc.UID)
 	if rt := svc.Spec.Router; rt != nil && rt.Scheduler != nil {
 		cp.Annotations[ExportAnnotation] = ExportClusterSet
+		if federation != "" && federation != fleetv1alpha1.FederationDisabled {
+			cp.Annotations[fleetv1alpha1.FederationClusterAnnotation] = cluster
+			cp.Annotations[fleetv1alpha1.FederationModeAnnotation] = string(federation)
+		}
 	}
 	// With autoscaling the spoke's autoscaler owns replicas (the schema
 	// forbids both).
@@ -140,12 +146,11 @@ func desiredCopy(svc *v1alpha2.LLMInferenceService, replicas int32) *v1alpha2.LL
 
 // ensureCopy creates or updates the copy, and the namespace and configs it
 // needs, writing only what differs.
-func (r *Reconciler) ensureCopy(ctx context.Context, c inventory.Cluster, svc *v1alpha2.LLMInferenceService, replicas int32, o *observed) error {
-	want := desiredCopy(svc, replicas)
-	if err := r.ensureNamespace(ctx, c, svc.Namespace); err != nil {
+func (r *Reconciler) ensureCopy(ctx context.Context, c inventory.Cluster, want *v1alpha2.LLMInferenceService, o *observed) error {
+	if err := r.ensureNamespace(ctx, c, want.Namespace); err != nil {
 		return err
 	}
-	if err := r.ensureConfigs(ctx, c, svc); err != nil {
+	if err := r.ensureConfigs(ctx, c, want); err != nil {
 		return err
 	}
 	if !o.exists {
@@ -176,7 +181,7 @@ func (r *Reconciler) ensureNamespace(ctx context.Context, c inventory.Cluster, n
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
-	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{ManagedByLabel: ManagedByValue}}}
+	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}}}
 	return client.IgnoreAlreadyExists(c.Client.Create(ctx, ns))
 }
 
@@ -199,7 +204,7 @@ func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc
 		if want.Labels == nil {
 			want.Labels = map[string]string{}
 		}
-		want.Labels[ManagedByLabel] = ManagedByValue
+		want.Labels[fleetv1alpha1.ManagedByLabel] = fleetv1alpha1.ManagedByHub
 		cur := &v1alpha2.LLMInferenceServiceConfig{}
 		err := c.Client.Get(ctx, client.ObjectKeyFromObject(want), cur)
 		switch {
@@ -209,7 +214,7 @@ func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc
 			}
 		case err != nil:
 			return err
-		case cur.Labels[ManagedByLabel] != ManagedByValue:
+		case cur.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub:
 			// The spoke has its own config of that name: it wins there.
 		case !equality.Semantic.DeepEqual(cur.Spec, want.Spec) || !equality.Semantic.DeepEqual(cur.Labels, want.Labels):
 			cur.Spec, cur.Labels = want.Spec, want.Labels
@@ -227,7 +232,7 @@ func deleteCopy(ctx context.Context, c inventory.Cluster, ns, name string) error
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cp); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if cp.Labels[ManagedByLabel] != ManagedByValue || !cp.DeletionTimestamp.IsZero() {
+	if cp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub || !cp.DeletionTimestamp.IsZero() {
 		return nil
 	}
 	if err := c.Client.Delete(ctx, cp); client.IgnoreNotFound(err) != nil {

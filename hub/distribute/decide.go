@@ -40,6 +40,8 @@ type decision struct {
 	reasons  map[string]string
 	unplaced int32
 	message  string
+	// federation is how the placed clusters' endpoint pickers federate.
+	federation fleetv1alpha1.FederationMode
 }
 
 // decide returns where the service should run. A new decision is computed
@@ -104,9 +106,11 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	// Replicas that fit nowhere are placed as soon as room appears.
 	morePlaced := current.unplaced > 0 && d.Unplaced < current.unplaced
 	if hasCurrent && st.Annotations[inputsAnnotation] == fp && !morePlaced {
+		current.federation = federationMode(pl)
 		return current, requeue, nil
 	}
-	next := decision{want: map[string]int32{}, reasons: map[string]string{}, unplaced: d.Unplaced, message: d.Message}
+	next := decision{want: map[string]int32{}, reasons: map[string]string{}, unplaced: d.Unplaced, message: d.Message,
+		federation: federationMode(pl)}
 	for _, c := range d.Clusters {
 		if c.Replicas > 0 {
 			next.want[c.Name], next.reasons[c.Name] = c.Replicas, c.Reason
@@ -140,6 +144,14 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 			Message: fmt.Sprintf("InferencePlacement %s: %s (%s)", pl.Name, clusterNames(next.want), d.Message)})
 	}
 	return next, requeue, nil
+}
+
+// federationMode is the placement's federation mode, Endpoint by default.
+func federationMode(p *fleetv1alpha1.InferencePlacement) fleetv1alpha1.FederationMode {
+	if m := p.Spec.Federation.Mode; m != "" {
+		return m
+	}
+	return fleetv1alpha1.FederationEndpoint
 }
 
 // recordFailover remembers clusters that lost their replicas because they

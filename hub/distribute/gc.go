@@ -7,6 +7,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -43,7 +44,7 @@ func (g *OrphanCollector) Start(ctx context.Context) error {
 }
 
 func (g *OrphanCollector) collect(ctx context.Context, c inventory.Cluster) {
-	managed := client.MatchingLabels{ManagedByLabel: ManagedByValue}
+	managed := client.MatchingLabels{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}
 	var copies v1alpha2.LLMInferenceServiceList
 	if err := c.Client.List(ctx, &copies, managed); err != nil {
 		return

@@ -18,6 +18,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 )
 
 // PlacementStatus summarizes, on each InferencePlacement, the decisions the
@@ -90,19 +91,11 @@ func (r *PlacementStatus) Reconcile(ctx context.Context, req mcreconcile.Request
 func (r *PlacementStatus) SetupWithManager(mgr mcmanager.Manager) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-inferenceplacement-status").
-		For(&fleetv1alpha1.InferencePlacement{}, mcbuilder.WithEngageWithLocalCluster(true), mcbuilder.WithEngageWithProviderClusters(false)).
-		Watches(&v1alpha2.LLMInferenceService{}, mapOnHub(r.placementsOfService), onHub...).
+		For(&fleetv1alpha1.InferencePlacement{}, watch.ForHub...).
+		Watches(&v1alpha2.LLMInferenceService{}, watch.Map(r.placementsOfService), watch.OnHub...).
 		Complete(r)
 }
 
 func (r *PlacementStatus) placementsOfService(ctx context.Context, o client.Object) []mcreconcile.Request {
-	var list fleetv1alpha1.InferencePlacementList
-	if err := r.Hub.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
-		return nil
-	}
-	out := make([]mcreconcile.Request, 0, len(list.Items))
-	for _, p := range list.Items {
-		out = append(out, hubRequest(p.Namespace, p.Name))
-	}
-	return out
+	return watch.Requests(ctx, r.Hub, &fleetv1alpha1.InferencePlacementList{}, o.GetNamespace())
 }

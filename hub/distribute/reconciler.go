@@ -32,12 +32,6 @@ import (
 
 // Labels and annotations the hub puts on what it writes into spokes.
 const (
-	// ManagedByLabel marks objects the hub created in a spoke; the hub
-	// updates and deletes only objects that carry it.
-	ManagedByLabel = "fleet.fleetinfer.io/managed-by"
-	ManagedByValue = "fleetinfer-hub"
-	// OriginUIDAnnotation is the UID of the hub object a copy came from.
-	OriginUIDAnnotation = "fleet.fleetinfer.io/origin-uid"
 	// ExportAnnotation asks the spoke to export the service's pool
 	// (GIE multi-cluster proposal).
 	ExportAnnotation = "inference.networking.x-k8s.io/export"

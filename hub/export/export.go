@@ -25,30 +25,20 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/cluster"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
-	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
 // ControllerName names the hub in pool parents and import controllers.
 const ControllerName = "fleetinfer.io/hub"
-
-// ManagedByLabel marks the imports the hub created; it touches no other.
-const (
-	ManagedByLabel = "fleet.fleetinfer.io/managed-by"
-	ManagedByValue = "fleetinfer-hub"
-)
 
 var importedPools = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Name: "fleetinfer_hub_exported_pool_clusters",
@@ -157,12 +147,12 @@ func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, ex
 	err := c.Get(ctx, key, imp)
 	switch {
 	case apierrors.IsNotFound(err):
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: map[string]string{ManagedByLabel: ManagedByValue}}}
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: map[string]string{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}}}
 		if err := client.IgnoreAlreadyExists(c.Create(ctx, ns)); err != nil {
 			return err
 		}
 		imp = &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
-			Labels: map[string]string{ManagedByLabel: ManagedByValue}}}
+			Labels: map[string]string{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}}}
 		if err := c.Create(ctx, imp); err != nil {
 			return err
 		}
@@ -170,7 +160,7 @@ func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, ex
 		return nil // the member has no InferencePoolImport API
 	case err != nil:
 		return err
-	case imp.Labels[ManagedByLabel] != ManagedByValue:
+	case imp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub:
 		return nil // someone else's import of that name
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -205,7 +195,7 @@ func withdraw(ctx context.Context, c client.Client, key client.ObjectKey) error 
 	if err != nil {
 		return err
 	}
-	if imp.Labels[ManagedByLabel] != ManagedByValue {
+	if imp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub {
 		return nil
 	}
 	return client.IgnoreNotFound(c.Delete(ctx, imp))
@@ -215,66 +205,34 @@ func withdraw(ctx context.Context, c client.Client, key client.ObjectKey) error 
 // cluster map to their namespace/name; cluster changes re-run every pool a
 // cluster knows.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
-	toKey := func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
-		return handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
-			return []mcreconcile.Request{{Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)}}}
-		})
-	}
-	onSpokes := []mcbuilder.WatchesOption{mcbuilder.WithEngageWithLocalCluster(false), mcbuilder.WithEngageWithProviderClusters(true)}
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-inferencepool-export").
-		Watches(&igwapiv1.InferencePool{}, toKey, onSpokes...).
-		Watches(&igwapixv1alpha1.InferencePoolImport{}, toKey, onSpokes...).
-		WatchesRawSource(r.clusterEvents(ctx)).
+		Watches(&igwapiv1.InferencePool{}, watch.SameKey, watch.OnSpokes...).
+		Watches(&igwapixv1alpha1.InferencePoolImport{}, watch.SameKey, watch.OnSpokes...).
+		WatchesRawSource(watch.ClusterChanges(ctx, r.Inv, time.Second, r.knownPools)).
 		Complete(r)
 }
 
-// clusterEvents re-runs every known pool when a cluster joins, leaves or
-// recovers: a new member needs its imports, a lost exporter's pools change.
-func (r *Reconciler) clusterEvents(ctx context.Context) source.TypedSource[mcreconcile.Request] {
-	changes := r.Inv.Subscribe(64)
-	events := make(chan event.TypedGenericEvent[client.Object])
-	go func() {
-		defer close(events)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changes:
-			}
-			// Let a newly engaged cluster's caches fill first.
-			time.Sleep(time.Second)
-			seen := map[client.ObjectKey]bool{}
-			for _, c := range r.Inv.Clusters(ctx) {
-				var pools igwapiv1.InferencePoolList
-				if err := c.Client.List(ctx, &pools); err != nil {
-					continue
-				}
-				var imports igwapixv1alpha1.InferencePoolImportList
-				_ = c.Client.List(ctx, &imports, client.MatchingLabels{ManagedByLabel: ManagedByValue})
-				var objs []client.Object
-				for i := range pools.Items {
-					objs = append(objs, &pools.Items[i])
-				}
-				for i := range imports.Items {
-					objs = append(objs, &imports.Items[i])
-				}
-				for _, o := range objs {
-					k := client.ObjectKeyFromObject(o)
-					if seen[k] {
-						continue
-					}
-					seen[k] = true
-					select {
-					case events <- event.TypedGenericEvent[client.Object]{Object: o}:
-					case <-ctx.Done():
-						return
-					}
-				}
+// knownPools lists every pool and import in every cluster: when a cluster
+// joins, leaves or recovers, a new member needs its imports and a lost
+// exporter's pools change.
+func (r *Reconciler) knownPools(ctx context.Context) []client.ObjectKey {
+	seen := map[client.ObjectKey]bool{}
+	var out []client.ObjectKey
+	for _, c := range r.Inv.Clusters(ctx) {
+		keys := watch.Keys(ctx, c.Client, &igwapiv1.InferencePoolList{}, "")
+		var imports igwapixv1alpha1.InferencePoolImportList
+		if err := c.Client.List(ctx, &imports, client.MatchingLabels{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}); err == nil {
+			for i := range imports.Items {
+				keys = append(keys, client.ObjectKeyFromObject(&imports.Items[i]))
 			}
 		}
-	}()
-	return source.TypedChannel(events, handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
-		return []mcreconcile.Request{{Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)}}}
-	}))
+		for _, k := range keys {
+			if !seen[k] {
+				seen[k] = true
+				out = append(out, k)
+			}
+		}
+	}
+	return out
 }

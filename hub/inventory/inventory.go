@@ -41,7 +41,10 @@ type Cluster struct {
 	UnavailableSince time.Time
 	// Reason explains unavailability.
 	Reason string
+	// Client reads from the hub's cache of the cluster, which holds only
+	// what the hub watches; Reader reads the API server directly.
 	Client client.Client
+	Reader client.Reader
 }
 
 // Available reports whether the cluster is currently available.
@@ -274,7 +277,7 @@ func (i *Inventory) Clusters(ctx context.Context) []Cluster {
 	i.mu.Lock()
 	out := make([]Cluster, 0, len(i.clusters))
 	for _, t := range i.clusters {
-		out = append(out, Cluster{Name: t.name, UnavailableSince: t.since, Reason: t.reason, Client: t.cl.GetClient()})
+		out = append(out, Cluster{Name: t.name, UnavailableSince: t.since, Reason: t.reason, Client: t.cl.GetClient(), Reader: t.cl.GetAPIReader()})
 	}
 	i.mu.Unlock()
 	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })

@@ -303,6 +303,7 @@ func (r *Reconciler) desiredEPPDeployment(svc *v1alpha2.LLMInferenceService, sch
 	if replicas > 1 && !has("--ha-enable-leader-election") {
 		c.Args = append(c.Args, "--ha-enable-leader-election")
 	}
+	federate(svc, pod, c, has)
 	// Templated flags that rendered to nothing ('{{ if ... }}') are dropped.
 	c.Command = slices.DeleteFunc(c.Command, func(a string) bool { return strings.TrimSpace(a) == "" })
 	c.Args = slices.DeleteFunc(c.Args, func(a string) bool { return strings.TrimSpace(a) == "" })

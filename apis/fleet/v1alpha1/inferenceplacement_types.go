@@ -62,6 +62,11 @@ type InferencePlacementSpec struct {
 	// Failover says when a failed cluster's replicas move.
 	// +optional
 	Failover Failover `json:"failover,omitempty"`
+
+	// Federation connects the endpoint pickers of the clusters a service is
+	// placed on, so that each can pick the fleet's best pod.
+	// +optional
+	Federation Federation `json:"federation,omitempty"`
 }
 
 // ClusterAffinity selects clusters. All given constraints must hold.
@@ -186,6 +191,32 @@ type Failover struct {
 	// +kubebuilder:default=60
 	// +kubebuilder:validation:Minimum=0
 	TolerationSeconds *int32 `json:"tolerationSeconds,omitempty"`
+}
+
+// FederationMode is how requests reach the pods of another cluster.
+// +kubebuilder:validation:Enum=Endpoint;Parent;Disabled
+type FederationMode string
+
+const (
+	// FederationEndpoint sends requests straight to a remote pod's ip:port;
+	// it needs a pod network that spans the clusters.
+	FederationEndpoint FederationMode = "Endpoint"
+	// FederationParent sends requests to the remote cluster's gateway and
+	// names the chosen pod as a hint its endpoint picker honours.
+	FederationParent FederationMode = "Parent"
+	// FederationDisabled keeps each cluster's endpoint picker to its own pods.
+	FederationDisabled FederationMode = "Disabled"
+)
+
+// Federation configures the endpoint-picker federation of placed services.
+// The hub gives each cluster's picker a peer directory naming the pickers of
+// the same service in the other placed clusters, and an mTLS certificate
+// from the hub's federation CA.
+type Federation struct {
+	// Mode is how requests reach another cluster's pods.
+	// +optional
+	// +kubebuilder:default=Endpoint
+	Mode FederationMode `json:"mode,omitempty"`
 }
 
 // InferencePlacementStatus is the outcome: per service, the clusters chosen

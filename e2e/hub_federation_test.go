@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/epp/federation"
+)
+
+// pickerPod is the ready endpoint-picker pod of a service in a spoke.
+func pickerPod(t *testing.T, c *fleet.Cluster, ns, svc string) corev1.Pod {
+	t.Helper()
+	return readyPod(t, c, ns, map[string]string{"app.kubernetes.io/name": svc,
+		"app.kubernetes.io/component": "llminferenceservice-router-scheduler"})
+}
+
+// directory reads the peer directory the hub published next to a copy.
+func directory(ctx context.Context, c *fleet.Cluster, ns, svc string) (*federation.PeerDirectory, error) {
+	cm := &corev1.ConfigMap{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svc)}, cm); err != nil {
+		return nil, err
+	}
+	return federation.ParseDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
+}
+
+// A service placed on several spokes gets federated endpoint pickers without
+// anyone writing a peer list or a certificate: the hub publishes to each
+// cluster a directory of the other clusters' pickers and an mTLS certificate
+// from its CA, the pickers connect to each other and hold each other's pods,
+// and the directories follow the placement when it narrows.
+func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
+	ns := namespace(t, fl.Hub)
+	const name = "federated"
+	svc := gpuService(ns, name, 1, 1)
+	svc.Spec.Router = &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{}}
+	p := place(t, svc, fleetv1alpha1.InferencePlacementSpec{
+		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east", "west", "central"}},
+		// Parent mode: peers carry their gateway's peer listener.
+		Federation: fleetv1alpha1.Federation{Mode: fleetv1alpha1.FederationParent},
+	})
+	hubReady(t, ns, name, "central=1,east=1,west=1", 120*time.Second)
+
+	// want checks every member's directory against the members' pickers.
+	want := func(members ...string) {
+		t.Helper()
+		eventually(t, 60*time.Second, "peer directories of "+strings.Join(members, "+"), func(ctx context.Context) error {
+			addr := map[string]string{}
+			for _, m := range members {
+				pod := pickerPod(t, fl.Spoke(m), ns, name)
+				addr[m] = net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(fleetv1alpha1.FederationPort))
+			}
+			for _, m := range members {
+				d, err := directory(ctx, fl.Spoke(m), ns, name)
+				if err != nil {
+					return fmt.Errorf("%s: %w", m, err)
+				}
+				var got []string
+				for _, peer := range d.Peers {
+					got = append(got, peer.Cluster)
+					wantID := fmt.Sprintf("spiffe://fleetinfer.io/cluster/%s/ns/%s/llminferenceservice/%s", peer.Cluster, ns, name)
+					gw := strings.TrimPrefix(fl.Spoke(peer.Cluster).GatewayPeerURL(), "http://")
+					if peer.FederationAddress != addr[peer.Cluster] || peer.Identity != wantID || peer.GatewayAddress != gw || peer.Mode != federation.ModeParent {
+						return fmt.Errorf("%s lists %+v; want %s, %s, gateway %s, Parent", m, peer, addr[peer.Cluster], wantID, gw)
+					}
+				}
+				others := slices.DeleteFunc(slices.Clone(members), func(s string) bool { return s == m })
+				slices.Sort(others)
+				if !slices.Equal(got, others) {
+					return fmt.Errorf("%s lists %v, want %v", m, got, others)
+				}
+			}
+			return nil
+		})
+	}
+	// connected waits for each member's picker to hold a stream to every
+	// other member and their pods.
+	connected := func(members ...string) {
+		t.Helper()
+		eventually(t, 30*time.Second, "pickers connected", func(ctx context.Context) error {
+			for _, m := range members {
+				pod := pickerPod(t, fl.Spoke(m), ns, name)
+				got, err := eppMetrics(ctx, &fedCluster{epp: pod})
+				if err != nil {
+					return fmt.Errorf("%s: %w", m, err)
+				}
+				if n := got["fleetinfer_epp_federation_peers_connected"]; int(n) != len(members)-1 {
+					return fmt.Errorf("%s's picker has %v peers connected, want %d", m, n, len(members)-1)
+				}
+				for _, o := range members {
+					if o == m {
+						continue
+					}
+					if n := got[fmt.Sprintf("fleetinfer_epp_federation_remote_endpoints{peer=%q}", o)]; n != 1 {
+						return fmt.Errorf("%s's picker holds %v endpoints of %s, want 1", m, n, o)
+					}
+				}
+			}
+			return nil
+		})
+	}
+	want("central", "east", "west")
+	connected("central", "east", "west")
+
+	// Each picker's certificate names its own cluster, signed by the hub's CA.
+	sec := &corev1.Secret{}
+	if err := fl.Spoke("east").Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.FederationTLSName(name)}, sec); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, corev1.ServiceAccountRootCAKey} {
+		if len(sec.Data[k]) == 0 {
+			t.Errorf("east's federation Secret has no %s", k)
+		}
+	}
+
+	eventually(t, 10*time.Second, "narrow placement", func(ctx context.Context) error {
+		if err := fl.Hub.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
+			return err
+		}
+		p.Spec.Clusters.Names = []string{"east", "west"}
+		return fl.Hub.Client.Update(ctx, p)
+	})
+	hubReady(t, ns, name, "east=1,west=1", 60*time.Second)
+	want("east", "west")
+	connected("east", "west")
+}

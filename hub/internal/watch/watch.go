@@ -1,0 +1,123 @@
+// Package watch is the event plumbing the hub's controllers share: where a
+// watch runs (the hub itself or the spokes), how objects in spokes map back
+// to the hub object they belong to, and the inventory's cluster changes as
+// reconcile requests.
+package watch
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
+)
+
+// OnHub and OnSpokes say where a watch runs. multicluster-runtime engages a
+// controller with the local cluster and every provider cluster unless told
+// otherwise; the hub's objects live only on the hub and copies only in
+// spokes.
+var (
+	OnHub    = []mcbuilder.WatchesOption{mcbuilder.WithEngageWithLocalCluster(true), mcbuilder.WithEngageWithProviderClusters(false)}
+	OnSpokes = []mcbuilder.WatchesOption{mcbuilder.WithEngageWithLocalCluster(false), mcbuilder.WithEngageWithProviderClusters(true)}
+	// ForHub is OnHub for a controller's primary object.
+	ForHub = []mcbuilder.ForOption{mcbuilder.WithEngageWithLocalCluster(true), mcbuilder.WithEngageWithProviderClusters(false)}
+)
+
+// Request is the request for the hub object namespace/name.
+func Request(ns, name string) mcreconcile.Request {
+	return mcreconcile.Request{Request: reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}}
+}
+
+// Map enqueues what fn returns for each event, in whichever cluster the
+// watch runs.
+func Map(fn func(context.Context, client.Object) []mcreconcile.Request) func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+	return func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(fn)
+	}
+}
+
+// SameKey maps an object to the hub request of its own namespace/name.
+var SameKey = Map(func(_ context.Context, o client.Object) []mcreconcile.Request {
+	return []mcreconcile.Request{Request(o.GetNamespace(), o.GetName())}
+})
+
+// ToOrigin maps an object the hub created in a spoke to the hub object of
+// the same namespace/name; objects the hub did not create map to nothing.
+var ToOrigin = Map(func(_ context.Context, o client.Object) []mcreconcile.Request {
+	if o.GetLabels()[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub {
+		return nil
+	}
+	return []mcreconcile.Request{Request(o.GetNamespace(), o.GetName())}
+})
+
+// ClusterChanges re-runs the keys that keys returns whenever the inventory
+// reports a cluster joining, leaving, failing or recovering. A newly engaged
+// cluster's caches get settle to fill before keys is called.
+func ClusterChanges(ctx context.Context, inv *inventory.Inventory, settle time.Duration, keys func(context.Context) []client.ObjectKey) source.TypedSource[mcreconcile.Request] {
+	changes := inv.Subscribe(64)
+	requests := make(chan event.TypedGenericEvent[client.ObjectKey])
+	go func() {
+		defer close(requests)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changes:
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(settle):
+			}
+			for _, k := range keys(ctx) {
+				select {
+				case requests <- event.TypedGenericEvent[client.ObjectKey]{Object: k}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return source.TypedChannel(requests, handler.TypedFuncs[client.ObjectKey, mcreconcile.Request]{
+		GenericFunc: func(_ context.Context, e event.TypedGenericEvent[client.ObjectKey], q workqueue.TypedRateLimitingInterface[mcreconcile.Request]) {
+			q.Add(Request(e.Object.Namespace, e.Object.Name))
+		},
+	})
+}
+
+// Keys lists the keys of the objects a list returns ("" for all namespaces).
+func Keys(ctx context.Context, c client.Client, list client.ObjectList, ns string) []client.ObjectKey {
+	if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return nil
+	}
+	var out []client.ObjectKey
+	_ = meta.EachListItem(list, func(o runtime.Object) error {
+		if obj, ok := o.(client.Object); ok {
+			out = append(out, client.ObjectKeyFromObject(obj))
+		}
+		return nil
+	})
+	return out
+}
+
+// Requests is Keys as reconcile requests.
+func Requests(ctx context.Context, c client.Client, list client.ObjectList, ns string) []mcreconcile.Request {
+	var out []mcreconcile.Request
+	for _, k := range Keys(ctx, c, list, ns) {
+		out = append(out, Request(k.Namespace, k.Name))
+	}
+	return out
+}
