@@ -46,13 +46,15 @@ import (
 const fedPool = "llama"
 
 // fedEPPConfig: spill as soon as a local pod has a request waiting, so that
-// simulators with one slot saturate quickly; prefix affinity is left out so
-// that identical prompts do not stick to one pod.
+// simulators with one slot saturate quickly, and count local metrics as
+// fresh for a second (on a busy 2-core machine a 50 ms scrape can run late);
+// prefix affinity is left out so that identical prompts do not stick to one
+// pod.
 const fedEPPConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: cross-cluster-filter
-  parameters: {queueDepthThreshold: 1}
+  parameters: {queueDepthThreshold: 1, metricsStalenessThreshold: 1s}
 - type: cross-cluster-scorer
   parameters: {networkCost: 0.3}
 - type: queue-scorer
