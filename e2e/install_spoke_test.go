@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	helmchart "helm.sh/helm/v3/pkg/chart"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -277,6 +278,7 @@ func installSpokeChart(t *testing.T, spoke *fleet.Cluster) {
 	if leaders != 1 {
 		t.Errorf("%d controller pods reconciled services, want the one leader", leaders)
 	}
+	dryRunNonDefaultRenderings(t, spoke.Client, c)
 	exposesDashboardMetrics(t, "the endpoint picker", "http://"+net.JoinHostPort(epp.Status.PodIP, "9090")+"/metrics", []string{"fleetinfer_epp_", "inference_"}, map[string]string{
 		"fleetinfer_epp_federation_lag_seconds":         "needs federation peers",
 		"fleetinfer_epp_federation_remote_endpoints":    "needs federation peers",
@@ -287,6 +289,34 @@ func installSpokeChart(t *testing.T, spoke *fleet.Cluster) {
 		"fleetinfer_epp_subset_hints_total":             "needs a Parent-mode request",
 		"inference_objective_request_error_total":       "needs a failed request",
 	})
+}
+
+// dryRunNonDefaultRenderings server-side applies renderings with
+// non-default values as a dry run, so the API server validates every object
+// (the federation-wired scheduler preset against the CRD's schema, the
+// presets Role against RBAC's escalation check) without changing the
+// installed release.
+func dryRunNonDefaultRenderings(t *testing.T, c client.Client, chart *helmchart.Chart) {
+	t.Helper()
+	for _, values := range []map[string]any{
+		{"federation": map[string]any{"enabled": true, "clusterName": "install", "mode": "Parent"},
+			"epp": map[string]any{"extraArgs": []any{"--refresh-metrics-interval=100ms"}}},
+		{"presets": map[string]any{"source": "controller"}, "replicas": 3, "image": map[string]any{"digest": "sha256:" + strings.Repeat("0", 64)}},
+	} {
+		objs, err := charts.Render(chart, charts.Options{ReleaseName: "fleetinfer-spoke", Namespace: fleet.Namespace, Values: values})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			if o.GetKind() == "CustomResourceDefinition" {
+				continue
+			}
+			if err := c.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("helm"),
+				client.ForceOwnership, client.DryRunAll); err != nil {
+				t.Errorf("values %v: %s %s: %v", values, o.GetKind(), o.GetName(), err)
+			}
+		}
+	}
 }
 
 // leaseHeld checks that the leader election lease of that name in the
