@@ -38,7 +38,7 @@ func main() {
 	opts.Global.SystemNamespace = opts.SystemNamespace
 
 	ctx := ctrl.SetupSignalHandler()
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), spoke.ManagerOptions(mf.Options(spoke.Scheme, "fleetinfer-spoke")))
+	mgr, err := ctrl.NewManager(mf.RESTConfig(), spoke.ManagerOptions(mf.Options(spoke.Scheme, "fleetinfer-spoke")))
 	if err == nil {
 		err = spoke.Setup(ctx, mgr, opts)
 	}

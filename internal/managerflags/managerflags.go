@@ -1,7 +1,8 @@
 // Package managerflags holds the command-line flags every fleetinfer
 // controller binary shares, with controller-runtime's conventional names:
 // --kubeconfig (registered by controller-runtime), --metrics-bind-address,
-// --health-probe-bind-address, --leader-elect and the zap logging flags.
+// --health-probe-bind-address, --leader-elect, --kube-api-qps and
+// --kube-api-burst, and the zap logging flags.
 package managerflags
 
 import (
@@ -9,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -23,7 +25,12 @@ type Flags struct {
 	// LeaderElectionNamespace holds the lease; controller-runtime defaults
 	// it to the pod's namespace, which a process outside a cluster lacks.
 	LeaderElectionNamespace string
-	Zap                     zap.Options
+	// QPS and Burst bound each client's requests to an API server.
+	// client-go's defaults (5 and 10) serialise a controller that writes to
+	// several clusters at once.
+	QPS   float64
+	Burst int
+	Zap   zap.Options
 }
 
 // Bind registers the flags on fs with per-binary default ports.
@@ -32,7 +39,22 @@ func (f *Flags) Bind(fs *flag.FlagSet, metricsAddr, probeAddr string) {
 	fs.StringVar(&f.ProbeAddr, "health-probe-bind-address", probeAddr, "Address the /healthz and /readyz endpoints bind to.")
 	fs.BoolVar(&f.LeaderElect, "leader-elect", false, "Enable leader election, so that only one replica is active.")
 	fs.StringVar(&f.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election lease; defaults to the pod's own when running in a cluster.")
+	fs.Float64Var(&f.QPS, "kube-api-qps", 50, "Queries per second each client may send to an API server.")
+	fs.IntVar(&f.Burst, "kube-api-burst", 100, "Requests each client may send to an API server in a burst.")
 	f.Zap.BindFlags(fs)
+}
+
+// Throttle applies --kube-api-qps and --kube-api-burst to cfg.
+func (f *Flags) Throttle(cfg *rest.Config) error {
+	cfg.QPS, cfg.Burst = float32(f.QPS), f.Burst
+	return nil
+}
+
+// RESTConfig is the --kubeconfig (or in-cluster) configuration, throttled.
+func (f *Flags) RESTConfig() *rest.Config {
+	cfg := ctrl.GetConfigOrDie()
+	_ = f.Throttle(cfg)
+	return cfg
 }
 
 // Logger returns the logger the zap flags describe.
