@@ -171,6 +171,9 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 	}
 	exposesDashboardMetrics(t, "the hub", "http://"+metricsAddr+"/metrics", []string{"fleetinfer_hub_", "controller_runtime_", "workqueue_"}, map[string]string{
 		"fleetinfer_hub_cluster_probe_failures_total": "needs an unreachable spoke",
+		"fleetinfer_hub_exported_pool_clusters":       "needs a service with a router (an InferencePool)",
+		"fleetinfer_hub_federation_directory_peers":   "needs a service with an endpoint picker",
+		"fleetinfer_hub_federation_writes_total":      "needs a service with an endpoint picker",
 	})
 	if err := hub.Client.Delete(ctx, svc); err != nil {
 		t.Fatal(err)
