@@ -10,7 +10,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
-	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
 
 	"github.com/fleetinfer/fleetinfer/hub"
 	"github.com/fleetinfer/fleetinfer/internal/managerflags"
@@ -27,6 +26,10 @@ func main() {
 	flag.StringVar(&opts.FederationCASecret, "federation-ca-secret", "fleetinfer-federation-ca", "Secret in --cluster-namespace holding the CA (tls.crt, tls.key) that signs endpoint pickers' federation certificates; created when missing.")
 	flag.StringVar(&opts.TrustDomain, "federation-trust-domain", "fleetinfer.io", "SPIFFE trust domain of endpoint-picker identities (spiffe://<domain>/cluster/<c>/ns/<ns>/llminferenceservice/<name>).")
 	gateway := flag.String("spoke-gateway", "fleetinfer-system/inference-gateway", "namespace/name of each spoke's inference Gateway, whose address peers use in Parent mode.")
+	var po hub.ProviderOptions
+	flag.StringVar(&po.Kind, "cluster-provider", hub.ProviderKubeconfig, "How the hub finds its spokes in --cluster-namespace: kubeconfig (Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true) or clusterprofile (Cluster Inventory API ClusterProfiles).")
+	flag.StringVar(&po.Consumer, "clusterprofile-consumer", "fleetinfer-hub", "With --cluster-provider=clusterprofile: the consumer name of the kubeconfig Secrets (label x-k8s.io/cluster-inventory-consumer) the hub reads for profiles it has no access provider for.")
+	flag.StringVar(&po.AccessFile, "clusterprofile-provider-file", "", "With --cluster-provider=clusterprofile: the Cluster Inventory API access provider file (JSON, exec plugins per provider name) used for profiles' status.accessProviders; empty reads only Secrets.")
 	flag.Parse()
 	log := mf.Logger()
 	ctrl.SetLogger(log)
@@ -39,7 +42,12 @@ func main() {
 	opts.Gateway = client.ObjectKey{Namespace: ns, Name: name}
 
 	ctx := ctrl.SetupSignalHandler()
-	provider := kubeconfig.New(kubeconfig.Options{Namespace: opts.Namespace, ClusterOptions: hub.ClusterOptions()})
+	po.Namespace = opts.Namespace
+	provider, err := hub.NewProvider(po)
+	if err != nil {
+		log.Error(err, "no cluster provider")
+		os.Exit(2)
+	}
 	mo := mf.Options(hub.Scheme, "fleetinfer-hub")
 	mo.Cache = hub.CacheOptions(opts.Namespace)
 	mgr, err := mcmanager.New(ctrl.GetConfigOrDie(), provider, mo)
