@@ -13,9 +13,14 @@ import (
 	"testing"
 	"time"
 
+	helmaction "helm.sh/helm/v3/pkg/action"
 	helmchart "helm.sh/helm/v3/pkg/chart"
+	helmcli "helm.sh/helm/v3/pkg/cli"
+	helmrelease "helm.sh/helm/v3/pkg/release"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -279,6 +284,7 @@ func installSpokeChart(t *testing.T, spoke *fleet.Cluster) {
 		t.Errorf("%d controller pods reconciled services, want the one leader", leaders)
 	}
 	dryRunNonDefaultRenderings(t, spoke.Client, c)
+	helmInstallAlongside(t, spoke, c)
 	exposesDashboardMetrics(t, "the endpoint picker", "http://"+net.JoinHostPort(epp.Status.PodIP, "9090")+"/metrics", []string{"fleetinfer_epp_", "inference_"}, map[string]string{
 		"fleetinfer_epp_federation_lag_seconds":         "needs federation peers",
 		"fleetinfer_epp_federation_remote_endpoints":    "needs federation peers",
@@ -316,6 +322,57 @@ func dryRunNonDefaultRenderings(t *testing.T, c client.Client, chart *helmchart.
 				t.Errorf("values %v: %s %s: %v", values, o.GetKind(), o.GetName(), err)
 			}
 		}
+	}
+}
+
+// helmInstallAlongside installs and uninstalls a second release with Helm
+// itself (the SDK's install and uninstall actions against the API server),
+// with no replicas so that only one controller runs: the CRDs, present
+// already, are left as they are, the release's objects are created, and
+// uninstalling removes them but never the CRDs.
+func helmInstallAlongside(t *testing.T, spoke *fleet.Cluster, chart *helmchart.Chart) {
+	t.Helper()
+	ctx := context.Background()
+	const release = "fleetinfer-helm"
+	settings := helmcli.New()
+	settings.KubeConfig = spoke.AdminKubeconfig()
+	cfg := &helmaction.Configuration{}
+	if err := cfg.Init(settings.RESTClientGetter(), release, "secret", func(string, ...any) {}); err != nil {
+		t.Fatal(err)
+	}
+	crd := &unstructured.Unstructured{}
+	crd.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
+	crdKey := client.ObjectKey{Name: "llminferenceservices.serving.kserve.io"}
+	if err := spoke.Client.Get(ctx, crdKey, crd); err != nil {
+		t.Fatal(err)
+	}
+	crdVersion := crd.GetResourceVersion()
+
+	install := helmaction.NewInstall(cfg)
+	install.ReleaseName, install.Namespace, install.CreateNamespace = release, release, true
+	rel, err := install.Run(chart, map[string]any{"replicas": 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rel.Info.Status != helmrelease.StatusDeployed {
+		t.Errorf("release %s", rel.Info.Status)
+	}
+	if err := spoke.Client.Get(ctx, crdKey, crd); err != nil || crd.GetResourceVersion() != crdVersion {
+		t.Errorf("helm install touched the existing CRD (%v)", err)
+	}
+	presetKey := client.ObjectKey{Namespace: release, Name: "kserve-config-llm-scheduler"}
+	if err := spoke.Client.Get(ctx, presetKey, &v1alpha2.LLMInferenceServiceConfig{}); err != nil {
+		t.Errorf("helm install: %v", err)
+	}
+
+	if _, err := helmaction.NewUninstall(cfg).Run(release); err != nil {
+		t.Fatal(err)
+	}
+	if err := spoke.Client.Get(ctx, presetKey, &v1alpha2.LLMInferenceServiceConfig{}); !apierrors.IsNotFound(err) {
+		t.Errorf("preset after helm uninstall: %v", err)
+	}
+	if err := spoke.Client.Get(ctx, crdKey, crd); err != nil {
+		t.Errorf("helm uninstall removed a CRD: %v", err)
 	}
 }
 
