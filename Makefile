@@ -33,7 +33,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated fuzz bench bench-epp clean help
+.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated fuzz bench bench-epp bench-hub clean help
 
 all: build
 
@@ -71,11 +71,14 @@ build: ## Build fleetinfer's binaries into bin/.
 test: tools build vet verify-generated fuzz ## Build everything and run every test.
 	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
 
-bench: bench-epp ## Run the benchmarks; results in bench/results/.
+bench: bench-epp bench-hub ## Run the benchmarks; results in bench/results/.
 
 bench-epp: tools build ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (100 pods); bench/results/epp.{json,md,svg}.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 	go run ./bench/epp -out bench/results -stock-epp $(BIN)/gie-epp
+
+bench-hub: tools build ## Hub: apply → copy in every spoke for 100 services (vs direct creates) and failover time; bench/results/hub.{json,md,svg}.
+	go run ./bench/hub -out bench/results
 
 demo: tools build ## Run the local fleet demo (DURATION=60s SPOKES=3).
 	$(BIN)/localfleet --duration $(DURATION) --spokes $(SPOKES)

@@ -82,17 +82,23 @@ type Options struct {
 	TrustDomain string
 	// Gateway is each spoke's inference Gateway.
 	Gateway client.ObjectKey
+	// Workers is how many services each controller reconciles at once
+	// (default 8): a reconcile mostly waits on other clusters' API servers.
+	Workers int
 }
 
 // Setup registers the hub's components with mgr.
 func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
+	if opts.Workers <= 0 {
+		opts.Workers = 8
+	}
 	local := mgr.GetLocalManager()
 	inv := inventory.New(inventory.Options{Hub: local.GetClient(), Namespace: opts.Namespace,
 		ProbeInterval: opts.ProbeInterval, Log: local.GetLogger().WithName("inventory")})
 	if err := mgr.Add(inv); err != nil {
 		return err
 	}
-	r := distribute.NewReconciler(mgr, inv, distribute.Options{DefaultToleration: opts.DefaultToleration})
+	r := distribute.NewReconciler(mgr, inv, distribute.Options{DefaultToleration: opts.DefaultToleration, Workers: opts.Workers})
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
@@ -104,7 +110,7 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	}
 	fed := &peers.Reconciler{Hub: local.GetClient(), Inv: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub"),
 		CA:   &peers.Authority{Client: local.GetClient(), Secret: client.ObjectKey{Namespace: opts.Namespace, Name: opts.FederationCASecret}},
-		Opts: peers.Options{TrustDomain: opts.TrustDomain, Gateway: opts.Gateway}}
+		Opts: peers.Options{TrustDomain: opts.TrustDomain, Gateway: opts.Gateway, Workers: opts.Workers}}
 	if err := fed.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}

@@ -16,7 +16,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/signal"
@@ -34,9 +33,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/fleetinfer/fleetinfer/bench/internal/host"
 	"github.com/fleetinfer/fleetinfer/e2e/binaries"
 	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
 	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
+	"github.com/fleetinfer/fleetinfer/e2e/metrics"
 	"github.com/fleetinfer/fleetinfer/e2e/process"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 )
@@ -135,8 +136,8 @@ func run(ctx context.Context, c config) error {
 			"--federation-cluster=local", "--federation-peers-file=" + peersFile, "--federation-port=" + portString(fedPort),
 			"--federation-cert-file=" + tls.Cert, "--federation-key-file=" + tls.Key, "--federation-ca-file=" + tls.CA}},
 	}
-	res := results{Config: c, Started: began.UTC().Format(time.RFC3339), Machine: machine()}
-	res.LoadAverage[0] = loadAverage()
+	res := results{Config: c, Started: began.UTC().Format(time.RFC3339), Machine: host.Machine()}
+	res.LoadAverage[0] = host.LoadAverage()
 	for rep := range c.reps {
 		fmt.Printf("rep %d/%d\n", rep+1, c.reps)
 		runs, err := measureRep(ctx, c, variants, rep, cp.AdminKubeconfig(), servers, dir, reg)
@@ -145,7 +146,7 @@ func run(ctx context.Context, c config) error {
 		}
 		res.Runs = append(res.Runs, runs...)
 	}
-	res.LoadAverage[1] = loadAverage()
+	res.LoadAverage[1] = host.LoadAverage()
 	res.summarize()
 	res.Duration = time.Since(began).Round(time.Second).String()
 	return res.write(c.out)
@@ -268,7 +269,7 @@ func measureRep(ctx context.Context, c config, variants []variant, rep int, kube
 			}
 			accs := map[*eppProc]*acc{}
 			for _, e := range procs {
-				m, err := scrape(ctx, e.metricsURL)
+				m, err := metrics.Scrape(ctx, e.metricsURL)
 				if err != nil {
 					return nil, err
 				}
@@ -298,7 +299,7 @@ func measureRep(ctx context.Context, c config, variants []variant, rep int, kube
 			phase := time.Since(phaseStart)
 			for _, e := range procs {
 				a := accs[e]
-				m, err := scrape(ctx, e.metricsURL)
+				m, err := metrics.Scrape(ctx, e.metricsURL)
 				if err != nil {
 					return nil, err
 				}
@@ -347,7 +348,7 @@ func waitReady(ctx context.Context, healthAddr, metricsURL string, federated int
 			time.Sleep(2 * time.Second) // every pod scraped a few times
 			return nil
 		}
-		m, err := scrape(ctx, metricsURL)
+		m, err := metrics.Scrape(ctx, metricsURL)
 		if err != nil {
 			continue
 		}
@@ -430,34 +431,6 @@ func pct(d []time.Duration, p float64) float64 {
 	return float64(s[i].Microseconds()) / 1000
 }
 
-// scrape reads a Prometheus text endpoint into series → value.
-func scrape(ctx context.Context, url string) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out, nil
-}
-
 // lagQuantiles estimates p50 and p99 of fleetinfer_epp_federation_lag_seconds
 // over a phase from the histogram's buckets (summed over peers), linearly
 // within a bucket.
@@ -516,30 +489,6 @@ func bytesPerPeer(before, after map[string]float64, d time.Duration) map[string]
 		}
 	}
 	return out
-}
-
-func machine() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return ""
-	}
-	model, cpus := "", 0
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "model name") {
-			cpus++
-			model = strings.TrimSpace(line[strings.IndexByte(line, ':')+1:])
-		}
-	}
-	return fmt.Sprintf("%d × %s", cpus, model)
-}
-
-func loadAverage() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
-	return f
 }
 
 // cpuTime is a process's user plus system CPU time, from /proc (in clock

@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
+
+	"github.com/fleetinfer/fleetinfer/bench/internal/stats"
 )
 
 type results struct {
@@ -52,18 +53,6 @@ type ratio struct {
 	P99, P50, PerSec float64
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 func (r *results) summarize() {
 	c := r.Config
 	r.Setup = setup{Repetitions: c.reps, LocalPods: c.local, Peers: c.peers, PodsPerPeer: c.perPeer, FederatedAll: c.local + c.peers*c.perPeer,
@@ -98,11 +87,11 @@ func (r *results) summarize() {
 				per = append(per, v)
 			}
 			if len(per) > 0 {
-				bps = append(bps, median(per))
+				bps = append(bps, stats.Median(per))
 			}
 		}
-		s := summary{EPP: k.epp, Scenario: k.scenario, Load: k.load, P50Ms: median(p50), P99Ms: median(p99), PerSec: median(ps),
-			RemoteShare: median(share), CPUPerPickUs: median(cpu), IdleCPU: median(idle), AgeP50Ms: median(a50), AgeP99Ms: median(a99), BytesPerPeerS: median(bps)}
+		s := summary{EPP: k.epp, Scenario: k.scenario, Load: k.load, P50Ms: stats.Median(p50), P99Ms: stats.Median(p99), PerSec: stats.Median(ps),
+			RemoteShare: stats.Median(share), CPUPerPickUs: stats.Median(cpu), IdleCPU: stats.Median(idle), AgeP50Ms: stats.Median(a50), AgeP99Ms: stats.Median(a99), BytesPerPeerS: stats.Median(bps)}
 		byKey[k] = s
 		r.Summary = append(r.Summary, s)
 	}

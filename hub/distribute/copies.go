@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -85,10 +86,14 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			settled = false
 		}
 	}
-	var errs []error
-	for _, c := range clusters {
+	// Clusters are written in parallel: each write is an API round trip to a
+	// different cluster, and a service's latency is the slowest of them.
+	errs := make([]error, len(clusters))
+	var wg sync.WaitGroup
+	for i, c := range clusters {
 		o := copies[c.Name]
 		want, chosen := d.want[c.Name]
+		var write func() error
 		switch {
 		case !c.Available() || o.err != nil:
 			// Nothing can be written; failover (in decide) handles it.
@@ -99,15 +104,22 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			if o.exists && o.replicas > want && !settled {
 				replicas = o.replicas // shrink once the others are ready
 			}
-			if err := r.ensureCopy(ctx, c, desiredCopy(svc, c.Name, replicas, d.federation), o); err != nil {
-				errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
-			}
+			write = func() error { return r.ensureCopy(ctx, c, desiredCopy(svc, c.Name, replicas, d.federation), o) }
 		case o.exists && o.ours && settled:
-			if err := deleteCopy(ctx, c, svc.Namespace, svc.Name); err != nil {
-				errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
-			}
+			write = func() error { return deleteCopy(ctx, c, svc.Namespace, svc.Name) }
 		}
+		if write == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := write(); err != nil {
+				errs[i] = fmt.Errorf("cluster %s: %w", c.Name, err)
+			}
+		}()
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -92,7 +93,9 @@ func (r *PlacementStatus) SetupWithManager(mgr mcmanager.Manager) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-inferenceplacement-status").
 		For(&fleetv1alpha1.InferencePlacement{}, watch.ForHub...).
-		Watches(&v1alpha2.LLMInferenceService{}, watch.Map(r.placementsOfService), watch.OnHub...).
+		// One placement may select hundreds of services: a second's worth of
+		// their changes becomes one status write.
+		Watches(&v1alpha2.LLMInferenceService{}, watch.MapCoalesced(time.Second, r.placementsOfService), watch.OnHub...).
 		Complete(r)
 }
 

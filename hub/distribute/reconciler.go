@@ -64,6 +64,8 @@ const (
 type Options struct {
 	// DefaultToleration applies when a placement sets none.
 	DefaultToleration time.Duration
+	// Workers is how many services are reconciled at once.
+	Workers int
 }
 
 // Reconciler reconciles hub LLMInferenceServices.

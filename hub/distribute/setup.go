@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
@@ -21,6 +22,7 @@ import (
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-llminferenceservice").
+		WithOptions(controller.TypedOptions[mcreconcile.Request]{MaxConcurrentReconciles: r.opts.Workers}).
 		For(&v1alpha2.LLMInferenceService{}, watch.ForHub...).
 		Watches(&fleetv1alpha1.InferencePlacement{}, watch.Map(r.servicesOfPlacement), watch.OnHub...).
 		Watches(&v1alpha2.LLMInferenceService{}, watch.ToOrigin, watch.OnSpokes...).

@@ -78,6 +78,8 @@ type Options struct {
 	// Gateway is each spoke's inference Gateway, whose address Parent-mode
 	// peers send requests to.
 	Gateway client.ObjectKey
+	// Workers is how many services are reconciled at once.
+	Workers int
 }
 
 // Reconciler publishes the peer directories and certificates of one hub

@@ -30,7 +30,9 @@ type Flags struct {
 	// several clusters at once.
 	QPS   float64
 	Burst int
-	Zap   zap.Options
+	// PprofAddr serves net/http/pprof when set.
+	PprofAddr string
+	Zap       zap.Options
 }
 
 // Bind registers the flags on fs with per-binary default ports.
@@ -39,8 +41,9 @@ func (f *Flags) Bind(fs *flag.FlagSet, metricsAddr, probeAddr string) {
 	fs.StringVar(&f.ProbeAddr, "health-probe-bind-address", probeAddr, "Address the /healthz and /readyz endpoints bind to.")
 	fs.BoolVar(&f.LeaderElect, "leader-elect", false, "Enable leader election, so that only one replica is active.")
 	fs.StringVar(&f.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election lease; defaults to the pod's own when running in a cluster.")
-	fs.Float64Var(&f.QPS, "kube-api-qps", 50, "Queries per second each client may send to an API server.")
-	fs.IntVar(&f.Burst, "kube-api-burst", 100, "Requests each client may send to an API server in a burst.")
+	fs.Float64Var(&f.QPS, "kube-api-qps", 100, "Queries per second each client may send to an API server.")
+	fs.IntVar(&f.Burst, "kube-api-burst", 300, "Requests each client may send to an API server in a burst.")
+	fs.StringVar(&f.PprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to; empty disables it.")
 	f.Zap.BindFlags(fs)
 }
 
@@ -69,6 +72,7 @@ func (f *Flags) Options(scheme *runtime.Scheme, leaderElectionID string) ctrl.Op
 		LeaderElection:          f.LeaderElect,
 		LeaderElectionID:        leaderElectionID,
 		LeaderElectionNamespace: f.LeaderElectionNamespace,
+		PprofBindAddress:        f.PprofAddr,
 	}
 }
 

@@ -121,3 +121,31 @@ func Requests(ctx context.Context, c client.Client, list client.ObjectList, ns s
 	}
 	return out
 }
+
+// MapCoalesced is Map for summaries of many objects: it enqueues what fn
+// returns delay after the first event, and the queue folds every event in
+// between into that one request, so a burst of changes costs one reconcile
+// (and one write) per delay rather than one per change.
+func MapCoalesced(delay time.Duration, fn func(context.Context, client.Object) []mcreconcile.Request) func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+	add := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[mcreconcile.Request]) {
+		for _, r := range fn(ctx, o) {
+			q.AddAfter(r, delay)
+		}
+	}
+	return func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedFuncs[client.Object, mcreconcile.Request]{
+			CreateFunc: func(ctx context.Context, e event.TypedCreateEvent[client.Object], q workqueue.TypedRateLimitingInterface[mcreconcile.Request]) {
+				add(ctx, e.Object, q)
+			},
+			UpdateFunc: func(ctx context.Context, e event.TypedUpdateEvent[client.Object], q workqueue.TypedRateLimitingInterface[mcreconcile.Request]) {
+				add(ctx, e.ObjectNew, q)
+			},
+			DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[client.Object], q workqueue.TypedRateLimitingInterface[mcreconcile.Request]) {
+				add(ctx, e.Object, q)
+			},
+			GenericFunc: func(ctx context.Context, e event.TypedGenericEvent[client.Object], q workqueue.TypedRateLimitingInterface[mcreconcile.Request]) {
+				add(ctx, e.Object, q)
+			},
+		}
+	}
+}
