@@ -39,9 +39,14 @@ func (f *Fleet) startHubController(ctx context.Context) error {
 	if err := controlplane.WriteKubeconfig(kubeconfig, hub.Name(), cfg); err != nil {
 		return err
 	}
+	provider := f.opts.ClusterProvider
+	if provider == "" {
+		provider = "kubeconfig"
+	}
 	return f.startController(ctx, hub, f.opts.Binaries.Hub, "hub-controller", append([]string{
 		"--kubeconfig=" + kubeconfig,
 		"--cluster-namespace=" + Namespace,
+		"--cluster-provider=" + provider,
 		"--probe-interval=1s",
 		"--orphan-collection-interval=10s",
 	}, f.opts.HubArgs...))

@@ -63,6 +63,10 @@ type Options struct {
 	NoControllers bool
 	// HubArgs are extra flags for bin/hub.
 	HubArgs []string
+	// ClusterProvider is how bin/hub finds the spokes (its
+	// --cluster-provider): "" or "kubeconfig" for the kubeconfig Secrets,
+	// "clusterprofile" for the ClusterProfiles; the fleet writes both.
+	ClusterProvider string
 	// FirstNetwork is the network index (SpokeNetwork, GatewayAddress) of
 	// the first spoke, so that a second fleet can run beside another one.
 	FirstNetwork int
