@@ -34,6 +34,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
 	"github.com/fleetinfer/fleetinfer/e2e/binaries"
 	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
+	"github.com/fleetinfer/fleetinfer/e2e/engaged"
 	"github.com/fleetinfer/fleetinfer/e2e/process"
 	"github.com/fleetinfer/fleetinfer/e2e/testenv"
 	"github.com/fleetinfer/fleetinfer/hub"
@@ -143,52 +144,10 @@ func marker(member string) string { return "this-is-member-" + member }
 
 // --- harness ---
 
-// recorder is a multicluster-runtime runnable that records engagements, as
-// the hub's inventory and controllers see them.
-type recorder struct {
-	mu   sync.Mutex
-	log  []string
-	live map[string]cluster.Cluster
-}
-
-func (r *recorder) Start(ctx context.Context) error {
-	<-ctx.Done()
-	return nil
-}
-
-func (r *recorder) Engage(ctx context.Context, name multicluster.ClusterName, cl cluster.Cluster) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.live[string(name)] = cl
-	r.log = append(r.log, "+"+string(name))
-	go func() {
-		<-ctx.Done()
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.live[string(name)] == cl {
-			delete(r.live, string(name))
-		}
-		r.log = append(r.log, "-"+string(name))
-	}()
-	return nil
-}
-
-func (r *recorder) cluster(name string) cluster.Cluster {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.live[name]
-}
-
-func (r *recorder) history() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return strings.Join(r.log, " ")
-}
-
 type harness struct {
 	ns       string
 	provider *clusterprofile.Provider
-	rec      *recorder
+	rec      *engaged.Recorder
 }
 
 // startProvider runs the provider on its own ClusterSet namespace under a
@@ -196,7 +155,7 @@ type harness struct {
 // the test ends.
 func startProvider(t *testing.T, accessCfg *access.Config) *harness {
 	t.Helper()
-	h := &harness{ns: newNamespace(t), rec: &recorder{live: map[string]cluster.Cluster{}}}
+	h := &harness{ns: newNamespace(t), rec: engaged.New()}
 	h.provider = clusterprofile.New(clusterprofile.Options{Namespace: h.ns, Consumer: consumer, Access: accessCfg,
 		ClusterOptions: hub.ClusterOptions()})
 	mgr, err := mcmanager.New(env.Config, h.provider, mcmanager.Options{
@@ -291,8 +250,8 @@ func (h *harness) engagedWith(t *testing.T, name, member string) cluster.Cluster
 	t.Helper()
 	var cl cluster.Cluster
 	eventually(t, name+" engaged with member "+member, func(ctx context.Context) error {
-		if cl = h.rec.cluster(name); cl == nil {
-			return fmt.Errorf("not engaged; engagements: %q", h.rec.history())
+		if cl = h.rec.Cluster(name); cl == nil {
+			return fmt.Errorf("not engaged; engagements: %q", h.rec.History())
 		}
 		got, err := h.provider.Get(ctx, multicluster.ClusterName(name))
 		if err != nil || got != cl {
@@ -326,8 +285,8 @@ func (h *harness) refused(t *testing.T, name, reason string) {
 		}
 		return fmt.Errorf("no Warning %s among %d events", reason, len(events.Items))
 	})
-	if cl := h.rec.cluster(name); cl != nil {
-		t.Errorf("%s is engaged; engagements: %q", name, h.rec.history())
+	if cl := h.rec.Cluster(name); cl != nil {
+		t.Errorf("%s is engaged; engagements: %q", name, h.rec.History())
 	}
 	if _, err := h.provider.Get(context.Background(), multicluster.ClusterName(name)); !errors.Is(err, multicluster.ErrClusterNotFound) {
 		t.Errorf("provider.Get(%s) = %v, want ErrClusterNotFound", name, err)
@@ -337,8 +296,8 @@ func (h *harness) refused(t *testing.T, name, reason string) {
 func (h *harness) disengaged(t *testing.T, name string) {
 	t.Helper()
 	eventually(t, name+" disengaged", func(ctx context.Context) error {
-		if h.rec.cluster(name) != nil {
-			return fmt.Errorf("still engaged; engagements: %q", h.rec.history())
+		if h.rec.Cluster(name) != nil {
+			return fmt.Errorf("still engaged; engagements: %q", h.rec.History())
 		}
 		if _, err := h.provider.Get(ctx, multicluster.ClusterName(name)); !errors.Is(err, multicluster.ErrClusterNotFound) {
 			return fmt.Errorf("provider.Get = %v", err)
@@ -396,7 +355,7 @@ func TestProfileWithSecretEngagesAndReachesTheMember(t *testing.T) {
 	if v, ok := gauge(t, "sp-alpha"); !ok || v != 1 {
 		t.Errorf("engaged gauge = %v (present %v), want 1", v, ok)
 	}
-	if got := h.rec.history(); got != "+sp-alpha" {
+	if got := h.rec.History(); got != "+sp-alpha" {
 		t.Errorf("engagements %q, want one", got)
 	}
 }
@@ -425,15 +384,15 @@ func TestChangedKubeconfigReEngages(t *testing.T) {
 	// The old engagement ends; the new one stays (stopping the old
 	// cluster must not take its successor with it).
 	eventually(t, "old engagement ended", func(context.Context) error {
-		got := h.rec.history()
+		got := h.rec.History()
 		if strings.Count(got, "+sp-beta") != 2 || strings.Count(got, "-sp-beta") != 1 {
 			return fmt.Errorf("engagements %q, want two and one end", got)
 		}
 		return nil
 	})
 	time.Sleep(500 * time.Millisecond)
-	if h.rec.cluster("sp-beta") != second {
-		t.Fatalf("re-engaged cluster went away; engagements %q", h.rec.history())
+	if h.rec.Cluster("sp-beta") != second {
+		t.Fatalf("re-engaged cluster went away; engagements %q", h.rec.History())
 	}
 }
 
