@@ -19,7 +19,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -27,6 +26,7 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/e2e/gateway"
 	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
@@ -88,7 +88,7 @@ func gatewayStack(t *testing.T) *inferenceStack {
 func newInferenceStack(ctx context.Context, spoke *fleet.Cluster) (*inferenceStack, error) {
 	s := &inferenceStack{spoke: spoke, ns: fmt.Sprintf("gateway-e2e-%d", time.Now().UnixNano()%100000)}
 	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}}
-	objs = append(objs, gwEPPRBAC(s.ns)...)
+	objs = append(objs, fedpool.EPPRBAC(s.ns)...)
 	objs = append(objs,
 		gwModelServer(s.ns, "llm-a", gwPort, map[string]string{"pool": "llm"}),
 		gwModelServer(s.ns, "llm-b", gwPort, map[string]string{"pool": "llm"}),
@@ -122,7 +122,7 @@ func newInferenceStack(ctx context.Context, spoke *fleet.Cluster) (*inferenceSta
 			return nil, err
 		}
 		for _, p := range list.Items {
-			if gwPodReady(&p) {
+			if fedpool.PodReady(&p) {
 				pods[p.Labels["app"]] = p
 			}
 		}
@@ -139,15 +139,6 @@ func newInferenceStack(ctx context.Context, spoke *fleet.Cluster) (*inferenceSta
 	s.spare, s.broken = pods["spare"], pods["broken"]
 	s.llmEPP = net.JoinHostPort(pods["llm-epp"].Status.PodIP, "9002")
 	return s, nil
-}
-
-func gwPodReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // gwModelServer is a one-pod vLLM Deployment serving on port.
@@ -206,22 +197,6 @@ func gwEndpointPicker(ns, name, pool string) []client.Object {
 	return []client.Object{dep, svc}
 }
 
-// gwEPPRBAC is what GIE's chart grants the picker: read its pool, the pods
-// and the objectives and rewrites.
-func gwEPPRBAC(ns string) []client.Object {
-	return []client.Object{
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "epp", Namespace: ns}},
-		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "epp", Namespace: ns}, Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{"inference.networking.x-k8s.io"}, Resources: []string{"inferenceobjectives", "inferencemodelrewrites"}, Verbs: []string{"get", "list", "watch"}},
-		}},
-		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "epp", Namespace: ns},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "epp"},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "epp", Namespace: ns}}},
-	}
-}
-
 func gwInferencePool(ns, name, selectPool, epp string, mode inferencev1.EndpointPickerFailureMode) *inferencev1.InferencePool {
 	sel := map[inferencev1.LabelKey]inferencev1.LabelValue{"pool": inferencev1.LabelValue(selectPool)}
 	return &inferencev1.InferencePool{
@@ -231,20 +206,6 @@ func gwInferencePool(ns, name, selectPool, epp string, mode inferencev1.Endpoint
 			TargetPorts: []inferencev1.Port{{Number: gwPort}},
 			EndpointPickerRef: inferencev1.EndpointPickerRef{Name: inferencev1.ObjectName(epp),
 				Port: &inferencev1.Port{Number: 9002}, FailureMode: mode},
-		},
-	}
-}
-
-// route is an HTTPRoute on the spoke's Gateway for one hostname, so that
-// every test has its own virtual host.
-func gwRoute(ns, name, host string, rules ...gatewayv1.HTTPRouteRule) *gatewayv1.HTTPRoute {
-	return &gatewayv1.HTTPRoute{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: gatewayv1.HTTPRouteSpec{
-			CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{{
-				Namespace: ptr.To(gatewayv1.Namespace(fleet.Namespace)), Name: fleet.GatewayName}}},
-			Hostnames: []gatewayv1.Hostname{gatewayv1.Hostname(host)},
-			Rules:     rules,
 		},
 	}
 }
@@ -433,7 +394,7 @@ func TestExtProcExchangeStreamsResponseAndReportsServedEndpoint(t *testing.T) {
 func TestGatewayServesCompletionsThroughPickerStreamingSSE(t *testing.T) {
 	s := gatewayStack(t)
 	const host = "completions.gateway.test"
-	gwCreateRoute(t, s, gwRoute(s.ns, "completions", host, gatewayv1.HTTPRouteRule{Matches: gwPrefixMatch("/v1"), BackendRefs: gwPoolBackend("llm")}))
+	gwCreateRoute(t, s, fedpool.Route(s.ns, "completions", host, gatewayv1.HTTPRouteRule{Matches: gwPrefixMatch("/v1"), BackendRefs: gwPoolBackend("llm")}))
 	base := s.spoke.GatewayURL()
 
 	resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion("Hello through the gateway", false, 8), nil)
@@ -496,7 +457,7 @@ func TestGatewayRewritesPathAndProgramsRouteAndPoolStatus(t *testing.T) {
 	ctx := context.Background()
 	const host = "rewrite.gateway.test"
 	prefix := "/" + s.ns + "/llm/v1"
-	r := gwRoute(s.ns, "rewrite", host,
+	r := fedpool.Route(s.ns, "rewrite", host,
 		gatewayv1.HTTPRouteRule{Matches: gwPrefixMatch(prefix), BackendRefs: gwPoolBackend("llm"), Filters: []gatewayv1.HTTPRouteFilter{{
 			Type: gatewayv1.HTTPRouteFilterURLRewrite, URLRewrite: &gatewayv1.HTTPURLRewriteFilter{Path: &gatewayv1.HTTPPathModifier{
 				Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/v1")}}}}},
@@ -579,7 +540,7 @@ func TestGatewayFailsOpenOrClosedWhenPickerIsDown(t *testing.T) {
 	s := gatewayStack(t)
 	ctx := context.Background()
 	const host = "failure-mode.gateway.test"
-	gwCreateRoute(t, s, gwRoute(s.ns, "failure-mode", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("headless")}))
+	gwCreateRoute(t, s, fedpool.Route(s.ns, "failure-mode", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("headless")}))
 	base := s.spoke.GatewayURL()
 	before := gwMetricSum(t, s.spoke, "fleetinfer_gateway_epp_fail_open_total", nil)
 
@@ -616,7 +577,7 @@ func TestGatewayFailsOpenOrClosedWhenPickerIsDown(t *testing.T) {
 func TestGatewayFallsBackWhenFirstEndpointRefusesConnections(t *testing.T) {
 	s := gatewayStack(t)
 	const host = "fallback.gateway.test"
-	gwCreateRoute(t, s, gwRoute(s.ns, "fallback", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("fallback")}))
+	gwCreateRoute(t, s, fedpool.Route(s.ns, "fallback", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("fallback")}))
 	base := s.spoke.GatewayURL()
 	before := gwMetricSum(t, s.spoke, "fleetinfer_gateway_upstream_fallbacks_total", nil)
 	spare := net.JoinHostPort(s.spare.Status.PodIP, fmt.Sprint(gwPort))
@@ -643,7 +604,7 @@ func TestGatewayFallsBackWhenFirstEndpointRefusesConnections(t *testing.T) {
 func TestGatewayHonoursSubsetHintOnlyOnPeerListener(t *testing.T) {
 	s := gatewayStack(t)
 	const host = "subset.gateway.test"
-	gwCreateRoute(t, s, gwRoute(s.ns, "subset", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("llm")}))
+	gwCreateRoute(t, s, fedpool.Route(s.ns, "subset", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("llm")}))
 	peer, public := s.spoke.GatewayPeerURL(), s.spoke.GatewayURL()
 	for _, target := range s.llmPods {
 		hint := map[string]string{gateway.SubsetHeader: net.JoinHostPort(target.Status.PodIP, fmt.Sprint(gwPort))}
@@ -668,7 +629,7 @@ func TestGatewayHonoursSubsetHintOnlyOnPeerListener(t *testing.T) {
 func TestGatewayPassesPickerRejectionOfInvalidJSON(t *testing.T) {
 	s := gatewayStack(t)
 	const host = "invalid.gateway.test"
-	gwCreateRoute(t, s, gwRoute(s.ns, "invalid", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("llm")}))
+	gwCreateRoute(t, s, fedpool.Route(s.ns, "invalid", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("llm")}))
 	resp, b := gwPost(t, s.spoke.GatewayURL(), host, "/v1/completions", []byte(`{"model": "opt-125m", "prompt": `), nil)
 	if resp.StatusCode != http.StatusBadRequest || len(b) == 0 || resp.Header.Get(gwPodHeader) != "" {
 		t.Errorf("invalid JSON: %s %q from pod %q; want the picker's 400", resp.Status, b, resp.Header.Get(gwPodHeader))

@@ -15,6 +15,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
@@ -91,7 +92,7 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 		eventually(t, 30*time.Second, "pickers connected", func(ctx context.Context) error {
 			for _, m := range members {
 				pod := pickerPod(t, fl.Spoke(m), ns, name)
-				got, err := eppMetrics(ctx, &fedCluster{epp: pod})
+				got, err := fedpool.EPPMetrics(ctx, pod)
 				if err != nil {
 					return fmt.Errorf("%s: %w", m, err)
 				}

@@ -28,6 +28,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/deploy/charts"
 	"github.com/fleetinfer/fleetinfer/deploy/monitoring"
+	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 )
 
@@ -232,7 +233,7 @@ func installSpokeChart(t *testing.T, spoke *fleet.Cluster) {
 		}
 		ready := 0
 		for _, p := range pods {
-			if gwPodReady(&p) && p.Spec.ServiceAccountName == release {
+			if fedpool.PodReady(&p) && p.Spec.ServiceAccountName == release {
 				ready++
 			}
 		}
