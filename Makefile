@@ -6,7 +6,7 @@ export CGO_ENABLED := 0
 
 ROOT := $(abspath .)
 BIN := $(ROOT)/bin
-DURATION ?= 60s
+DURATION ?= 40s
 SPOKES ?= 3
 TEST_TIMEOUT ?= 40m
 
@@ -80,8 +80,8 @@ bench-epp: tools build ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's
 bench-hub: tools build ## Hub: apply → copy in every spoke for 100 services (vs direct creates) and failover time; bench/results/hub.{json,md,svg}.
 	go run ./bench/hub -out bench/results
 
-demo: tools build ## Run the local fleet demo (DURATION=60s SPOKES=3).
-	$(BIN)/localfleet --duration $(DURATION) --spokes $(SPOKES)
+demo: tools build ## The local fleet demo: a KServe sample placed by the hub, skewed load without and with federation (DURATION=40s per phase, SPOKES=3); report in demo-report/.
+	$(BIN)/localfleet --load-duration $(DURATION) --spokes $(SPOKES) --report-dir demo-report
 
 vet: ## go vet and gofmt.
 	go vet ./...

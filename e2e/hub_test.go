@@ -458,8 +458,10 @@ func TestHubFailsOverALostSpokeAndSettlesWhenItReturns(t *testing.T) {
 	hubReady(t, ns, "resilient", "central=2", 60*time.Second)
 
 	central, west := fl.Spoke("central"), fl.Spoke("west")
-	central.Stop()
+	// The loss starts when the control plane starts going away, not when
+	// Stop has finished taking it down.
 	lost := time.Now()
+	central.Stop()
 	restarted := false
 	t.Cleanup(func() {
 		if !restarted {
@@ -476,7 +478,7 @@ func TestHubFailsOverALostSpokeAndSettlesWhenItReturns(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("replicas re-placed %s after the control plane stopped (toleration %s)", time.Since(lost).Round(100*time.Millisecond), toleration)
+	t.Logf("replicas re-placed %s after the control plane began to stop (toleration %s)", time.Since(lost).Round(100*time.Millisecond), toleration)
 	eventually(t, 60*time.Second, "west serving", func(ctx context.Context) error {
 		cp := &v1alpha2.LLMInferenceService{}
 		if err := west.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "resilient"}, cp); err != nil {

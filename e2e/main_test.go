@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
@@ -43,6 +44,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	fmt.Printf("local fleet start-up (hub + %d spokes): %.1fs\n", len(fl.Spokes), fl.StartupTime.Seconds())
+	// Tests place services from their first second: every spoke must count.
+	if err := fl.WaitPlaceable(ctx, 2*time.Minute); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		fl.Stop()
+		return 1
+	}
 	code := m.Run()
 	fl.Stop()
 	if alive := fl.Registry.Alive(); len(alive) > 0 {

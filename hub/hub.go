@@ -114,5 +114,5 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	if err := fed.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	return local.Add(&distribute.OrphanCollector{Hub: local.GetClient(), Inv: inv, Interval: opts.OrphanInterval})
+	return local.Add(r.OrphanCollector(opts.OrphanInterval))
 }

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/fleetinfer/fleetinfer/bench/internal/stats"
+	"github.com/fleetinfer/fleetinfer/internal/stats"
 )
 
 type results struct {

@@ -77,8 +77,10 @@ func (b *bench) failover(ctx context.Context, rep int) (failoverResult, error) {
 		return failoverResult{}, err
 	}
 
-	central.Stop()
+	// The loss starts when the control plane starts going away, not when
+	// Stop has finished taking it down.
 	lost := time.Now()
+	central.Stop()
 	var res failoverResult
 	err := until(ctx, "west carrying the replicas", func(ctx context.Context) (bool, error) {
 		cp, err := copyOf(ctx, west.Client)

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/fleetinfer/fleetinfer/bench/internal/stats"
+	"github.com/fleetinfer/fleetinfer/internal/stats"
 )
 
 type results struct {

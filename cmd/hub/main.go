@@ -25,6 +25,7 @@ func main() {
 	flag.DurationVar(&opts.OrphanInterval, "orphan-collection-interval", 30*time.Second, "How often spokes are swept for copies no hub object accounts for.")
 	flag.StringVar(&opts.FederationCASecret, "federation-ca-secret", "fleetinfer-federation-ca", "Secret in --cluster-namespace holding the CA (tls.crt, tls.key) that signs endpoint pickers' federation certificates; created when missing.")
 	flag.StringVar(&opts.TrustDomain, "federation-trust-domain", "fleetinfer.io", "SPIFFE trust domain of endpoint-picker identities (spiffe://<domain>/cluster/<c>/ns/<ns>/llminferenceservice/<name>).")
+	flag.IntVar(&opts.Workers, "concurrent-service-syncs", 8, "Services reconciled at once by each hub controller.")
 	gateway := flag.String("spoke-gateway", "fleetinfer-system/inference-gateway", "namespace/name of each spoke's inference Gateway, whose address peers use in Parent mode.")
 	var po hub.ProviderOptions
 	flag.StringVar(&po.Kind, "cluster-provider", hub.ProviderKubeconfig, "How the hub finds its spokes in --cluster-namespace: kubeconfig (Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true) or clusterprofile (Cluster Inventory API ClusterProfiles).")
@@ -43,6 +44,7 @@ func main() {
 
 	ctx := ctrl.SetupSignalHandler()
 	po.Namespace = opts.Namespace
+	po.RESTOptions = append(po.RESTOptions, mf.Throttle)
 	provider, err := hub.NewProvider(po)
 	if err != nil {
 		log.Error(err, "no cluster provider")
@@ -50,7 +52,7 @@ func main() {
 	}
 	mo := mf.Options(hub.Scheme, "fleetinfer-hub")
 	mo.Cache = hub.CacheOptions(opts.Namespace)
-	mgr, err := mcmanager.New(ctrl.GetConfigOrDie(), provider, mo)
+	mgr, err := mcmanager.New(mf.RESTConfig(), provider, mo)
 	if err == nil {
 		err = provider.SetupWithManager(ctx, mgr)
 	}

@@ -15,10 +15,17 @@ import (
 func main() {
 	var opts demo.Options
 	flag.IntVar(&opts.Spokes, "spokes", 3, "number of GPU clusters")
-	flag.DurationVar(&opts.Duration, "duration", 0, "stop after this long (0: run until Ctrl-C)")
-	flag.DurationVar(&opts.Refresh, "refresh", 0, "how often to print cluster status (default 5s)")
+	flag.DurationVar(&opts.LoadDuration, "load-duration", 0, "length of each of the two load phases (default 40s)")
+	flag.Float64Var(&opts.Rate, "rate", 0, "requests per second (default 12)")
+	flag.Float64Var(&opts.HotShare, "hot-share", 0, "share of requests entering the hot cluster (default 0.75)")
+	flag.StringVar(&opts.HotCluster, "hot-cluster", "", "cluster most requests enter (default the last spoke, the smallest)")
+	flag.IntVar(&opts.MaxTokens, "max-tokens", 0, "tokens per completion (default 40)")
+	var replicas int
+	flag.IntVar(&replicas, "replicas", 0, "the service's replicas across the fleet (default 6)")
+	flag.StringVar(&opts.ReportDir, "report-dir", "demo-report", "directory for report.md and its plots")
 	flag.StringVar(&opts.Dir, "dir", "", "keep cluster state and logs in this directory instead of a temporary one")
 	flag.Parse()
+	opts.Replicas = int32(replicas)
 	opts.Out = os.Stdout
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

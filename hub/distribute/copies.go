@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"maps"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -106,7 +108,7 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			}
 			write = func() error { return r.ensureCopy(ctx, c, desiredCopy(svc, c.Name, replicas, d.federation), o) }
 		case o.exists && o.ours && settled:
-			write = func() error { return deleteCopy(ctx, c, svc.Namespace, svc.Name) }
+			write = func() error { return r.deletions.deleteCopy(ctx, c, svc.Namespace, svc.Name) }
 		}
 		if write == nil {
 			continue
@@ -238,8 +240,21 @@ func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc
 	return nil
 }
 
-// deleteCopy deletes the hub's copy of a service, if it is the hub's.
-func deleteCopy(ctx context.Context, c inventory.Cluster, ns, name string) error {
+// deletions remembers the copies the hub asked a cluster to delete. A copy
+// with a finalizer lingers until the spoke has cleaned up, and the hub's
+// cache learns of its deletion timestamp a moment after the request: without
+// this memory every reconcile in between would send the delete again.
+type deletions struct {
+	mu   sync.Mutex
+	sent map[types.UID]time.Time
+}
+
+// deletionMemory is how long a delete request is not repeated.
+const deletionMemory = time.Minute
+
+// deleteCopy deletes the hub's copy of a service, if it is the hub's and not
+// already being deleted.
+func (d *deletions) deleteCopy(ctx context.Context, c inventory.Cluster, ns, name string) error {
 	cp := &v1alpha2.LLMInferenceService{}
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cp); err != nil {
 		return client.IgnoreNotFound(err)
@@ -247,7 +262,28 @@ func deleteCopy(ctx context.Context, c inventory.Cluster, ns, name string) error
 	if cp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub || !cp.DeletionTimestamp.IsZero() {
 		return nil
 	}
-	if err := c.Client.Delete(ctx, cp); client.IgnoreNotFound(err) != nil {
+	d.mu.Lock()
+	if d.sent == nil {
+		d.sent = map[types.UID]time.Time{}
+	}
+	now := time.Now()
+	for uid, at := range d.sent {
+		if now.Sub(at) > deletionMemory {
+			delete(d.sent, uid)
+		}
+	}
+	_, recent := d.sent[cp.UID]
+	if !recent {
+		d.sent[cp.UID] = now
+	}
+	d.mu.Unlock()
+	if recent {
+		return nil
+	}
+	if err := c.Client.Delete(ctx, cp, client.Preconditions{UID: &cp.UID}); client.IgnoreNotFound(err) != nil {
+		d.mu.Lock()
+		delete(d.sent, cp.UID)
+		d.mu.Unlock()
 		return err
 	}
 	copyWrites.WithLabelValues(c.Name, "delete").Inc()

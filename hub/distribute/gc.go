@@ -18,15 +18,16 @@ import (
 // and whenever a cluster joins or recovers (as MultiKueue's garbage
 // collector does for remote objects after an outage).
 type OrphanCollector struct {
-	Hub      client.Client
-	Inv      *inventory.Inventory
-	Interval time.Duration
+	hub       client.Client
+	inv       *inventory.Inventory
+	interval  time.Duration
+	deletions *deletions
 }
 
 // Start runs the collector until ctx ends.
 func (g *OrphanCollector) Start(ctx context.Context) error {
-	changes := g.Inv.Subscribe(16)
-	t := time.NewTicker(g.Interval)
+	changes := g.inv.Subscribe(16)
+	t := time.NewTicker(g.interval)
 	defer t.Stop()
 	for {
 		select {
@@ -35,7 +36,7 @@ func (g *OrphanCollector) Start(ctx context.Context) error {
 		case <-t.C:
 		case <-changes:
 		}
-		for _, c := range g.Inv.Clusters(ctx) {
+		for _, c := range g.inv.Clusters(ctx) {
 			if c.Available() {
 				g.collect(ctx, c)
 			}
@@ -52,9 +53,9 @@ func (g *OrphanCollector) collect(ctx context.Context, c inventory.Cluster) {
 	referenced := map[string]bool{} // namespace/config
 	for _, cp := range copies.Items {
 		hub := &v1alpha2.LLMInferenceService{}
-		err := g.Hub.Get(ctx, client.ObjectKeyFromObject(&cp), hub)
+		err := g.hub.Get(ctx, client.ObjectKeyFromObject(&cp), hub)
 		if apierrors.IsNotFound(err) {
-			_ = deleteCopy(ctx, c, cp.Namespace, cp.Name)
+			_ = g.deletions.deleteCopy(ctx, c, cp.Namespace, cp.Name)
 			continue
 		}
 		for _, ref := range cp.Spec.BaseRefs {

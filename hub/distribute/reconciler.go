@@ -70,16 +70,24 @@ type Options struct {
 
 // Reconciler reconciles hub LLMInferenceServices.
 type Reconciler struct {
-	hub      client.Client
-	inv      *inventory.Inventory
-	recorder record.EventRecorder
-	opts     Options
+	hub       client.Client
+	inv       *inventory.Inventory
+	recorder  record.EventRecorder
+	opts      Options
+	deletions *deletions
 }
 
 // NewReconciler builds the reconciler on the hub (local) cluster's client.
 func NewReconciler(mgr mcmanager.Manager, inv *inventory.Inventory, opts Options) *Reconciler {
 	local := mgr.GetLocalManager()
-	return &Reconciler{hub: local.GetClient(), inv: inv, recorder: local.GetEventRecorderFor("fleetinfer-hub"), opts: opts}
+	return &Reconciler{hub: local.GetClient(), inv: inv, recorder: local.GetEventRecorderFor("fleetinfer-hub"), opts: opts,
+		deletions: &deletions{}}
+}
+
+// OrphanCollector returns the collector of the copies this reconciler's hub
+// left behind; it shares the reconciler's memory of deletions.
+func (r *Reconciler) OrphanCollector(interval time.Duration) *OrphanCollector {
+	return &OrphanCollector{hub: r.hub, inv: r.inv, interval: interval, deletions: r.deletions}
 }
 
 var (
@@ -174,7 +182,7 @@ func (r *Reconciler) finalize(ctx context.Context, svc *v1alpha2.LLMInferenceSer
 		if !c.Available() {
 			continue
 		}
-		if err := deleteCopy(ctx, c, svc.Namespace, svc.Name); err != nil {
+		if err := r.deletions.deleteCopy(ctx, c, svc.Namespace, svc.Name); err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
 		}
 	}
