@@ -189,7 +189,7 @@ func decide(t *testing.T, pl *clusterv1beta1.Placement, clusters ...string) {
 }
 
 // A placement that defers to an OCM Placement puts the service exactly on
-// the clusters OCM decided.
+// the clusters OCM decided, and follows when the decision changes.
 func TestHubOCMPlacementDecisionsChooseTheClusters(t *testing.T) {
 	ns := namespace(t, fl.Hub)
 	pl := &clusterv1beta1.Placement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gpu-clusters",
@@ -198,8 +198,20 @@ func TestHubOCMPlacementDecisionsChooseTheClusters(t *testing.T) {
 		t.Fatal(err)
 	}
 	decide(t, pl, "east", "central")
+	began := time.Now()
 	place(t, gpuService(ns, "ocm-placed", 1, 1), fleetv1alpha1.InferencePlacementSpec{
 		Clusters: fleetv1alpha1.ClusterAffinity{OCMPlacement: &fleetv1alpha1.LocalReference{Name: pl.Name}},
 		Replicas: fleetv1alpha1.ReplicaScheduling{Strategy: fleetv1alpha1.Duplicated}})
 	hubReady(t, ns, "ocm-placed", "central=1,east=1", 90*time.Second)
+
+	// Only the new decision may move the service: while the copies still
+	// settle, any of their events would make the hub look again anyway.
+	eventually(t, 60*time.Second, "the hub quiet for 5 s", func(context.Context) error {
+		if quiet := time.Since(lastWrite(t, began)); quiet < 5*time.Second {
+			return fmt.Errorf("last write %s ago", quiet.Round(time.Second))
+		}
+		return nil
+	})
+	decide(t, pl, "west")
+	hubReady(t, ns, "ocm-placed", "west=1", 60*time.Second)
 }

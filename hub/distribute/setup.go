@@ -3,6 +3,7 @@ package distribute
 import (
 	"context"
 
+	clusterv1beta1 "open-cluster-management.io/api/cluster/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -20,7 +21,7 @@ import (
 // are watched on the hub; copies in the spokes map back to their hub
 // service; the inventory's availability changes re-run every service.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
-	return mcbuilder.ControllerManagedBy(mgr).
+	b := mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-llminferenceservice").
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{MaxConcurrentReconciles: r.opts.Workers}).
 		For(&v1alpha2.LLMInferenceService{}, watch.ForHub...).
@@ -31,8 +32,14 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 			append(watch.OnSpokes, mcbuilder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }}))...).
 		WatchesRawSource(watch.ClusterChanges(ctx, r.inv, 0, func(ctx context.Context) []client.ObjectKey {
 			return watch.Keys(ctx, r.hub, &v1alpha2.LLMInferenceServiceList{}, "")
-		})).
-		Complete(r)
+		}))
+	// Placements that follow an OCM Placement move when its decisions do;
+	// a hub without OCM has no PlacementDecisions to watch.
+	pd := clusterv1beta1.SchemeGroupVersion.WithKind("PlacementDecision")
+	if _, err := mgr.GetLocalManager().GetRESTMapper().RESTMapping(pd.GroupKind(), pd.Version); err == nil {
+		b = b.Watches(&clusterv1beta1.PlacementDecision{}, watch.Map(r.servicesOfPlacement), watch.OnHub...)
+	}
+	return b.Complete(r)
 }
 
 func (r *Reconciler) allServices(ctx context.Context, _ client.Object) []mcreconcile.Request {
