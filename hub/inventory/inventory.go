@@ -264,8 +264,10 @@ func (i *Inventory) registrationAvailable(ctx context.Context, name string) (boo
 	cp := &clusterinventoryv1alpha1.ClusterProfile{}
 	if err := i.opts.Hub.Get(ctx, client.ObjectKey{Namespace: i.opts.Namespace, Name: name}, cp); err == nil {
 		c := meta.FindStatusCondition(cp.Status.Conditions, clusterinventoryv1alpha1.ClusterConditionControlPlaneHealthy)
-		if c != nil && c.Status == metav1.ConditionFalse {
-			return false, fmt.Sprintf("ClusterProfile %s is ControlPlaneHealthy=False (%s)", name, c.Reason)
+		// Unknown counts as unhealthy, as OCM's Available=Unknown does: it is
+		// what a cluster manager reports when it lost touch with the cluster.
+		if c != nil && c.Status != metav1.ConditionTrue {
+			return false, fmt.Sprintf("ClusterProfile %s is ControlPlaneHealthy=%s (%s)", name, c.Status, c.Reason)
 		}
 	}
 	return true, ""
