@@ -106,6 +106,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 	svc := &v1alpha2.LLMInferenceService{}
 	if err := r.Hub.Get(ctx, req.NamespacedName, svc); err != nil {
 		// Gone: its copies go, and what is published goes with them.
+		if apierrors.IsNotFound(err) {
+			directoryPeers.DeletePartialMatch(prometheus.Labels{"namespace": req.Namespace, "service": req.Name})
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	members := r.members(ctx, svc)
