@@ -71,7 +71,7 @@ build: ## Build fleetinfer's binaries into bin/.
 test: tools build vet verify-generated fuzz ## Build everything and run every test.
 	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
 
-bench: bench-epp bench-hub ## Run the benchmarks; results in bench/results/.
+bench: bench-epp bench-hub bench-routing ## Run the benchmarks; results in bench/results/.
 
 bench-epp: tools build ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (100 pods); bench/results/epp.{json,md,svg}.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
@@ -79,6 +79,10 @@ bench-epp: tools build ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's
 
 bench-hub: tools build ## Hub: apply → copy in every spoke for 100 services (vs direct creates) and failover time; bench/results/hub.{json,md,svg}.
 	go run ./bench/hub -out bench/results
+
+bench-routing: tools build ## Routing: GIE local, SkyServe round-robin and least-load, fleetinfer, oracle over 4 scenarios; bench/results/routing.{json,md} and routing-*.svg.
+	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
+	go run ./bench/routing -out bench/results -stock-epp $(BIN)/gie-epp
 
 demo: tools build ## The local fleet demo: a KServe sample placed by the hub, skewed load without and with federation (DURATION=40s per phase, SPOKES=3); report in demo-report/.
 	$(BIN)/localfleet --load-duration $(DURATION) --spokes $(SPOKES) --report-dir demo-report

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// result is one request as the client saw it.
+type result struct {
+	At    time.Duration `json:"at_ms"`
+	Entry int           `json:"entry"`
+	// Served is the cluster of the pod that answered, -1 when none did.
+	Served   int           `json:"served"`
+	TTFT     time.Duration `json:"ttft_ms"`
+	Total    time.Duration `json:"total_ms"`
+	Tokens   int           `json:"tokens"`
+	Attempts int           `json:"attempts"`
+	Err      string        `json:"err,omitempty"`
+	// SendLag is how late the request left after its arrival time.
+	SendLag time.Duration `json:"send_lag_ms"`
+}
+
+func (r result) ok() bool { return r.Err == "" }
+
+// loadClient sends completions and reads their SSE streams.
+type loadClient struct {
+	http      *http.Client
+	maxTokens int
+	timeout   time.Duration
+	// podCluster maps the simulator's x-inference-pod header to the pod's
+	// cluster.
+	podCluster map[string]int
+}
+
+func newLoadClient(maxTokens int, timeout time.Duration, podCluster map[string]int) *loadClient {
+	return &loadClient{
+		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true,
+			IdleConnTimeout: 30 * time.Second}},
+		maxTokens: maxTokens, timeout: timeout, podCluster: podCluster,
+	}
+}
+
+// errNoRoute is a request the router had nowhere to send.
+var errNoRoute = errors.New("no route")
+
+// do sends arrival a through router r. TTFT and Total run from the arrival
+// (so they include a retrying load balancer's backoff) to the first
+// streamed token and to the end of the stream.
+func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Time) (res result) {
+	res = result{At: a.At, Entry: a.Entry, Served: -1}
+	defer func() {
+		if res.Total == 0 {
+			res.Total = time.Since(start) - res.At
+		}
+	}()
+	body, _ := json.Marshal(map[string]any{"model": "llama", "prompt": a.Prompt, "max_tokens": c.maxTokens,
+		"stream": true, "ignore_eos": true})
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	for res.Attempts < r.attempts() {
+		if res.Attempts > 0 {
+			select {
+			case <-time.After(r.backoff(res.Attempts)):
+			case <-ctx.Done():
+				res.Err = ctx.Err().Error()
+				return res
+			}
+		}
+		res.Attempts++
+		t, ok := r.route(a)
+		if !ok {
+			res.Err = errNoRoute.Error()
+			return res
+		}
+		retry, err := c.attempt(ctx, t, body, start, &res)
+		r.done(t)
+		if err == nil {
+			return res
+		}
+		res.Err = err.Error()
+		if !retry {
+			return res
+		}
+	}
+	return res
+}
+
+// attempt sends one try; retry reports a connection error before any
+// response, the only kind a load balancer may retry.
+func (c *loadClient) attempt(ctx context.Context, t target, body []byte, start time.Time, res *result) (retry bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.URL+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if t.Host != "" {
+		req.Host = t.Host
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return true, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+		return false, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
+	}
+	if cl, ok := c.podCluster[resp.Header.Get("X-Inference-Pod")]; ok {
+		res.Served = cl
+	}
+	n, err := readStream(resp.Body, func() { res.TTFT = time.Since(start) - res.At })
+	res.Tokens = n
+	res.Total = time.Since(start) - res.At
+	if err == nil && n == 0 {
+		err = errors.New("no tokens")
+	}
+	return false, err
+}
+
+// readStream reads an OpenAI completions SSE stream, calling first at the
+// first event that carries text, and returns the number of such events.
+func readStream(r io.Reader, first func()) (int, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	n := 0
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data:")
+		if !ok {
+			continue
+		}
+		data = strings.TrimSpace(data)
+		if data == "[DONE]" {
+			return n, nil
+		}
+		var ev struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return n, fmt.Errorf("malformed event: %w", err)
+		}
+		if len(ev.Choices) == 0 || ev.Choices[0].Text == "" {
+			continue
+		}
+		if n == 0 {
+			first()
+		}
+		n++
+	}
+	if err := sc.Err(); err != nil {
+		return n, err
+	}
+	return n, errors.New("stream ended without [DONE]")
+}
+
+// runLoad sends the arrivals open-loop from start (each at its time,
+// whatever is in flight, at most maxInFlight at once: beyond that an
+// arrival is recorded as refused by the client) and returns their results
+// in arrival order once every request has ended.
+func (c *loadClient) runLoad(ctx context.Context, r router, arrivals []arrival, maxInFlight int, start time.Time) []result {
+	out := make([]result, len(arrivals))
+	sem := make(chan struct{}, maxInFlight)
+	var wg sync.WaitGroup
+	for i, a := range arrivals {
+		select {
+		case <-time.After(time.Until(start.Add(a.At))):
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			out[i] = result{At: a.At, Entry: a.Entry, Served: -1, Err: "not sent: " + ctx.Err().Error()}
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			out[i] = result{At: a.At, Entry: a.Entry, Served: -1, Err: "client: too many requests in flight"}
+			continue
+		}
+		lag := time.Since(start.Add(a.At))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out[i] = c.do(ctx, r, a, start)
+			out[i].SendLag = lag
+		}()
+	}
+	wg.Wait()
+	return out
+}

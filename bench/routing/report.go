@@ -1,0 +1,347 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fleetinfer/fleetinfer/bench/internal/host"
+	"github.com/fleetinfer/fleetinfer/internal/stats"
+)
+
+type results struct {
+	Config   config `json:"-"`
+	Started  string `json:"started"`
+	Duration string `json:"duration"`
+	Machine  string `json:"machine"`
+	// LoadAverage is /proc/loadavg's 1-minute figure at the start and end:
+	// the machine is shared, and other work inflates tails.
+	LoadAverage    [2]float64  `json:"load_average"`
+	FleetStartup   string      `json:"fleet_startup"`
+	Clusters       []string    `json:"clusters"`
+	Setup          setup       `json:"setup"`
+	FleetEPPConfig string      `json:"fleetinfer_epp_config"`
+	Scenarios      []scenario  `json:"scenarios"`
+	Runs           []runResult `json:"runs"`
+	Summary        []summary   `json:"summary"`
+	HotCluster     *verdict    `json:"hot_cluster_bar,omitempty"`
+}
+
+type setup struct {
+	Repetitions int     `json:"repetitions"`
+	RunSeconds  float64 `json:"arrival_window_s"`
+	MaxTokens   int     `json:"max_tokens"`
+	SLOMs       float64 `json:"ttft_slo_ms"`
+	SimArgs     string  `json:"simulator_args"`
+}
+
+// runResult is one policy's run of one scenario.
+type runResult struct {
+	Scenario string `json:"scenario"`
+	Policy   string `json:"policy"`
+	Rep      int    `json:"rep"`
+	Requests int    `json:"requests"`
+	OK       int    `json:"ok"`
+	Errors   int    `json:"errors"`
+	// TTFT quantiles are over the requests that streamed a token.
+	P50Ms float64 `json:"ttft_p50_ms"`
+	P90Ms float64 `json:"ttft_p90_ms"`
+	P99Ms float64 `json:"ttft_p99_ms"`
+	// Throughput is completed requests per second and Goodput those within
+	// the TTFT SLO, both over the span from the first arrival to the last
+	// request's end; WithinSLO is the share of all arrivals within the SLO.
+	Throughput float64 `json:"throughput_rps"`
+	Goodput    float64 `json:"goodput_rps"`
+	WithinSLO  float64 `json:"within_slo"`
+	// CrossShare is the share of completed requests served in another
+	// cluster than the one they entered.
+	CrossShare float64 `json:"cross_cluster_share"`
+	// Served counts completed requests per serving cluster.
+	Served   []int          `json:"served_per_cluster"`
+	ErrKinds map[string]int `json:"errors_by_kind,omitempty"`
+	// PerSecond are, per second of arrival, the requests within the SLO and
+	// the failed ones.
+	GoodPerSecond []int   `json:"good_per_second"`
+	ErrPerSecond  []int   `json:"errors_per_second"`
+	SpanS         float64 `json:"span_s"`
+	WallS         float64 `json:"wall_s"`
+	// LoadAverage is the machine's 1-minute load average when the run
+	// ended; MaxSendLagMs the longest an arrival was sent after its time
+	// (the load generator itself starved of CPU).
+	LoadAverage  float64 `json:"load_average"`
+	MaxSendLagMs float64 `json:"max_send_lag_ms"`
+}
+
+func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Duration, wall time.Duration) runResult {
+	secs := int(window/time.Second) + 1
+	r := runResult{Scenario: sc.Name, Policy: pol, Rep: rep, Requests: len(out), Served: make([]int, len(sc.Replicas)),
+		ErrKinds: map[string]int{}, GoodPerSecond: make([]int, secs), ErrPerSecond: make([]int, secs), WallS: wall.Seconds(),
+		LoadAverage: host.LoadAverage()}
+	var ttft []float64
+	var span time.Duration
+	good, cross, served := 0, 0, 0
+	for _, x := range out {
+		span = max(span, x.At+x.Total)
+		r.MaxSendLagMs = max(r.MaxSendLagMs, ms(x.SendLag))
+		sec := min(int(x.At/time.Second), secs-1)
+		if !x.ok() {
+			r.Errors++
+			r.ErrPerSecond[sec]++
+			r.ErrKinds[errKind(x.Err)]++
+			continue
+		}
+		r.OK++
+		ttft = append(ttft, ms(x.TTFT))
+		if x.TTFT <= slo {
+			good++
+			r.GoodPerSecond[sec]++
+		}
+		if x.Served >= 0 {
+			served++
+			r.Served[x.Served]++
+			if x.Served != x.Entry {
+				cross++
+			}
+		}
+	}
+	r.P50Ms, r.P90Ms, r.P99Ms = stats.Quantile(ttft, 0.5), stats.Quantile(ttft, 0.9), stats.Quantile(ttft, 0.99)
+	r.SpanS = span.Seconds()
+	if span > 0 {
+		r.Throughput, r.Goodput = float64(r.OK)/span.Seconds(), float64(good)/span.Seconds()
+	}
+	if len(out) > 0 {
+		r.WithinSLO = float64(good) / float64(len(out))
+	}
+	if served > 0 {
+		r.CrossShare = float64(cross) / float64(served)
+	}
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// errKind shortens an error to what kind it is, for counting.
+func errKind(e string) string {
+	for _, k := range []string{"connection refused", "connection reset", "EOF", "503", "500", "502", "deadline exceeded",
+		"without [DONE]", "no route", "too many"} {
+		if strings.Contains(e, k) {
+			return k
+		}
+	}
+	if len(e) > 60 {
+		e = e[:60]
+	}
+	return e
+}
+
+func (r runResult) line() string {
+	return fmt.Sprintf("n=%d ok=%d err=%d ttft p50 %.0f ms p99 %.0f ms, %.1f req/s, goodput %.1f req/s, cross %.0f%%",
+		r.Requests, r.OK, r.Errors, r.P50Ms, r.P99Ms, r.Throughput, r.Goodput, 100*r.CrossShare)
+}
+
+// summary is the median over repetitions of one scenario and policy.
+type summary struct {
+	Scenario   string  `json:"scenario"`
+	Policy     string  `json:"policy"`
+	P50Ms      float64 `json:"ttft_p50_ms"`
+	P99Ms      float64 `json:"ttft_p99_ms"`
+	Throughput float64 `json:"throughput_rps"`
+	Goodput    float64 `json:"goodput_rps"`
+	WithinSLO  float64 `json:"within_slo"`
+	CrossShare float64 `json:"cross_cluster_share"`
+	ErrorShare float64 `json:"error_share"`
+}
+
+// verdict is the issue's bar for the hot-cluster scenario: fleetinfer's p99
+// TTFT at most half of cluster-local GIE's, below round-robin's and
+// least-load's, and within 1.2× of the oracle's.
+type verdict struct {
+	VsLocal, VsRoundRobin, VsLeastLoad, VsOracle float64
+	Met                                          bool
+}
+
+func (r *results) summarize() {
+	c := r.Config
+	r.Setup = setup{Repetitions: c.reps, RunSeconds: c.duration.Seconds(), MaxTokens: c.maxTokens, SLOMs: ms(c.slo), SimArgs: simLatency}
+	type key struct{ sc, pol string }
+	groups := map[key][]runResult{}
+	var order []key
+	for _, run := range r.Runs {
+		k := key{run.Scenario, run.Policy}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], run)
+	}
+	p99 := map[key]float64{}
+	for _, k := range order {
+		var p50s, p99s, tp, gp, slo, cross, errs []float64
+		for _, run := range groups[k] {
+			p50s, p99s = append(p50s, run.P50Ms), append(p99s, run.P99Ms)
+			tp, gp, slo = append(tp, run.Throughput), append(gp, run.Goodput), append(slo, run.WithinSLO)
+			cross, errs = append(cross, run.CrossShare), append(errs, float64(run.Errors)/float64(max(run.Requests, 1)))
+		}
+		s := summary{Scenario: k.sc, Policy: k.pol, P50Ms: stats.Median(p50s), P99Ms: stats.Median(p99s), Throughput: stats.Median(tp),
+			Goodput: stats.Median(gp), WithinSLO: stats.Median(slo), CrossShare: stats.Median(cross), ErrorShare: stats.Median(errs)}
+		p99[k] = s.P99Ms
+		r.Summary = append(r.Summary, s)
+	}
+	const hot = "hot-cluster"
+	f := p99[key{hot, "fleetinfer"}]
+	if f == 0 {
+		return
+	}
+	ratio := func(pol string) float64 {
+		if o := p99[key{hot, pol}]; o > 0 {
+			return f / o
+		}
+		return 0
+	}
+	v := &verdict{VsLocal: ratio("gie-local"), VsRoundRobin: ratio("round-robin"), VsLeastLoad: ratio("least-load"), VsOracle: ratio("oracle")}
+	v.Met = v.VsLocal <= 0.5 && v.VsRoundRobin < 1 && v.VsLeastLoad < 1 && v.VsOracle <= 1.2
+	r.HotCluster = v
+}
+
+func (r *results) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	files := map[string]string{
+		"routing.json":         string(b) + "\n",
+		"routing.md":           r.markdown(),
+		"routing-ttft.svg":     r.ttftSVG(),
+		"routing-timeline.svg": r.timelineSVG(),
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var policyNotes = map[string]string{
+	"gie-local": "(a) GIE v1.5.0's stock EPP binary in each cluster, its default configuration, no federation: every request is served in the cluster it enters.",
+	"round-robin": "(b) SkyServe's load balancer with `RoundRobinPolicy` in front of the three gateways (every request passes it); " +
+		"each cluster's stock EPP picks the pod. Ready set refreshed every 20 s.",
+	"least-load": "(c) SkyServe's load balancer with `LeastLoadPolicy`, its default: the gateway with the fewest requests in flight " +
+		"as the load balancer itself counts them (dispatch to end of stream), ties to the first; each cluster's stock EPP picks the pod. Ready set refreshed every 20 s.",
+	"fleetinfer": "(d) fleetinfer's EPP in each cluster, federated (Endpoint mode: the remote pod's ip:port), with the configuration below: " +
+		"local pods while one has headroom, else local plus the least loaded remote pods, scored with a network cost.",
+	"oracle": "(e) in-process: every request goes straight to the pod with the fewest requests in flight per batch slot fleet-wide, " +
+		"counted exactly in the benchmark (all traffic is its own), and knows a lost cluster at once. It is blind to prefix caches.",
+}
+
+func (r *results) markdown() string {
+	var b strings.Builder
+	b.WriteString("# Routing benchmark: five policies, four scenarios, one local fleet\n\n")
+	fmt.Fprintf(&b, "Written by `make bench-routing` (`go run ./bench/routing -out bench/results -stock-epp bin/gie-epp`, bench/routing) on %s, started %s, in %s "+
+		"(fleet start-up %s). The machine's 1-minute load average was %.1f at the start and %.1f at the end (2 cores, shared with other work: "+
+		"compare policies within a scenario, which ran back to back, rather than absolute figures). %d repetition(s) of every run; figures are medians over them.\n\n",
+		r.Machine, r.Started, r.Duration, r.FleetStartup, r.LoadAverage[0], r.LoadAverage[1], r.Setup.Repetitions)
+	b.WriteString("## Setup\n\n")
+	fmt.Fprintf(&b, "Three clusters (%s), each a real kube-apiserver with a local kubelet, and each its local gateway (Envoy's ext-proc exchange). "+
+		"Model servers are `llm-d-inference-sim` v0.10.2 pods on loopback addresses with a latency model: `%s` and per cluster `--max-num-seqs`. "+
+		"A request is a streamed `/v1/completions` of %d tokens (`ignore_eos`); TTFT runs on the client from the request's scheduled arrival to the first SSE event "+
+		"carrying text, so it includes queueing anywhere and any retry backoff. Arrivals are Poisson, open loop, over %.0f s per run; every policy gets the same arrivals "+
+		"(prompt words differ per policy, so that no run profits from the prefix caches an earlier one left). Between runs the pods drain.\n\n",
+		strings.Join(r.Clusters, ", "), r.Setup.SimArgs, r.Setup.MaxTokens, r.Setup.RunSeconds)
+	fmt.Fprintf(&b, "SLO: TTFT ≤ %.0f ms. Goodput counts completed requests within it per second; \"within SLO\" is their share of all arrivals (failures count against it). "+
+		"Throughput counts completed requests per second. Both divide by the span from the first arrival to the last request's end. "+
+		"Cross-cluster is the share of completed requests served by a pod (the simulator's `x-inference-pod`) of another cluster than the one they entered.\n\n", r.Setup.SLOMs)
+	b.WriteString("Both pickers run in every cluster throughout every run, each scraping the same pods every 50 ms (GIE's default): a second InferencePool over the model servers, " +
+		"picked by the stock EPP, sits next to fleetinfer's, each with its own HTTPRoute host on the same gateway. The stock EPP is a pod of each cluster, run by a second local kubelet " +
+		"on a tainted node, since the fleet's kubelet runs only fleetinfer's EPP image.\n\n")
+	b.WriteString("Policies:\n\n")
+	for _, p := range policies {
+		fmt.Fprintf(&b, "- **%s** %s\n", p, policyNotes[p])
+	}
+	b.WriteString("\n")
+	b.WriteString(skyServeNote)
+	b.WriteString("\nfleetinfer's EPP configuration in every cluster:\n\n```yaml\n" + r.FleetEPPConfig + "```\n\n")
+	b.WriteString("Scenarios:\n\n| scenario | pods per cluster | --max-num-seqs | arrivals per cluster | rate | prompts |\n|---|---|---|---|---|---|\n")
+	for _, s := range r.Scenarios {
+		prompts := fmt.Sprintf("%d unique tokens", s.PromptWords)
+		if s.Prefixes > 0 {
+			prompts = fmt.Sprintf("one of %d shared %d-token prefixes + %d unique tokens", s.Prefixes, s.PrefixWords, s.PromptWords)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.0f/s | %s |\n", s.Title, join(s.Replicas), join(s.MaxNumSeqs), shares(s.Entry), s.Rate, prompts)
+	}
+	b.WriteString("\n" + lossNote + "\n")
+	b.WriteString("## Results\n\n")
+	for _, s := range r.Scenarios {
+		fmt.Fprintf(&b, "### %s\n\n| policy | TTFT p50 ms | TTFT p99 ms | throughput req/s | goodput req/s | within SLO | errors | cross-cluster |\n|---|---|---|---|---|---|---|---|\n", s.Title)
+		for _, m := range r.Summary {
+			if m.Scenario != s.Name {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f%% |\n", m.Policy, m.P50Ms, m.P99Ms, m.Throughput, m.Goodput,
+				100*m.WithinSLO, 100*m.ErrorShare, 100*m.CrossShare)
+		}
+		b.WriteString("\n")
+	}
+	if v := r.HotCluster; v != nil {
+		met := "met"
+		if !v.Met {
+			met = "not met"
+		}
+		fmt.Fprintf(&b, "## The issue's bar (hot cluster)\n\nfleetinfer's p99 TTFT over each other policy's, same run: **%.2f× gie-local** (bar ≤ 0.5), **%.2f× round-robin** (bar < 1), "+
+			"**%.2f× least-load** (bar < 1), **%.2f× oracle** (bar ≤ 1.2): %s.\n\n", v.VsLocal, v.VsRoundRobin, v.VsLeastLoad, v.VsOracle, met)
+	}
+	b.WriteString("![TTFT per scenario and policy](routing-ttft.svg)\n\n![requests within the SLO per second, cluster lost halfway](routing-timeline.svg)\n\n")
+	b.WriteString("## Runs\n\nLoad average: the machine's 1-minute load average at the end of the run. Send lag: the longest an arrival left after its time " +
+		"(the load generator short of CPU; its requests' TTFT includes it).\n\n" +
+		"| scenario | policy | rep | requests | ok | errors (kinds) | p50 | p90 | p99 ms | served per cluster | wall s | load average | send lag ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, x := range r.Runs {
+		var kinds []string
+		for k, n := range x.ErrKinds {
+			kinds = append(kinds, fmt.Sprintf("%s: %d", k, n))
+		}
+		sort.Strings(kinds)
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d %s | %.0f | %.0f | %.0f | %s | %.0f | %.1f | %.0f |\n", x.Scenario, x.Policy, x.Rep, x.Requests, x.OK, x.Errors,
+			strings.Join(kinds, ", "), x.P50Ms, x.P90Ms, x.P99Ms, join(x.Served), x.WallS, x.LoadAverage, x.MaxSendLagMs)
+	}
+	return b.String()
+}
+
+const skyServeNote = "SkyServe, as read in skypilot-org/skypilot `sky/serve/load_balancing_policies.py` (`LeastLoadPolicy`, registered with `default=True`; " +
+	"`RoundRobinPolicy`) and `sky/serve/load_balancer.py` / `constants.py`: the load balancer is the one entry every request passes; `LeastLoadPolicy` keeps `load_map`, " +
+	"the requests in flight per replica as the load balancer counts them itself (`pre_execute_hook` +1 on dispatch, `post_execute_hook` −1 when the proxied stream ends), " +
+	"and picks `min(ready_replicas, key=load)`; the ready replicas come from the controller every `LB_CONTROLLER_SYNC_INTERVAL_SECONDS` = 20 s; a request is tried up to " +
+	"`LB_MAX_RETRY` = 3 times on connection errors, with a backoff from 1 s. A replica here is a whole cluster (its gateway and its own EPP). So SkyServe's load signal is " +
+	"never stale (it is its own count, refreshed on every request) but blind to work it did not send and to capacity; what is periodic is the ready set, refreshed every 20 s as " +
+	"SkyServe does (its readiness here: the gateway's `/readyz`). llm-d's alpha multi-cluster plugins instead scrape peer EPPs' pool averages every 5 s; that scheme is not " +
+	"what SkyServe does and is not run here.\n"
+
+const lossNote = "Cluster lost: at the middle of each run every process of central's pods (model servers, both pickers) gets SIGKILL, its Deployment is scaled to zero and " +
+	"its gateway stops; each policy runs on a fresh deployment. Requests in flight there fail. From then on arrivals that would enter central enter east and west instead " +
+	"(a global load balancer or DNS health check in front of the gateways is assumed to steer them at once: a slower one would fail them for (a) and (d) until it reacts). " +
+	"SkyServe's load balancer keeps central in its ready set until its next sync, 20 s after the run's start, here the end of the run: the expected 10 s for a 20 s period.\n"
+
+func join[T any](v []T) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, "/")
+}
+
+func shares(v []float64) string {
+	total := 0.0
+	for _, x := range v {
+		total += x
+	}
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprintf("%.0f%%", 100*x/total)
+	}
+	return strings.Join(s, "/")
+}

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestArrivalsAreTheSameWorkloadForEveryPolicy(t *testing.T) {
+	sc := scenario{Replicas: []int32{2, 2, 2}, Entry: []float64{0.7, 0.15, 0.15}, Rate: 50, PromptWords: 20,
+		Prefixes: 4, PrefixWords: 30, Lost: -1}
+	a, b := sc.arrivals(20*time.Second, 7, "fleetinfer"), sc.arrivals(20*time.Second, 7, "oracle")
+	if len(a) != len(b) || len(a) < 800 || len(a) > 1200 {
+		t.Fatalf("%d and %d arrivals, want the same, about 1000", len(a), len(b))
+	}
+	entries := make([]int, 3)
+	prefixes := map[string]bool{}
+	for i := range a {
+		if a[i].At != b[i].At || a[i].Entry != b[i].Entry {
+			t.Fatalf("arrival %d differs: %v/%d vs %v/%d", i, a[i].At, a[i].Entry, b[i].At, b[i].Entry)
+		}
+		if a[i].Prompt == b[i].Prompt {
+			t.Fatalf("arrival %d has the same prompt under two policies", i)
+		}
+		if n := len(strings.Fields(a[i].Prompt)); n != 50 {
+			t.Fatalf("prompt of %d words, want 50", n)
+		}
+		entries[a[i].Entry]++
+		prefixes[strings.Join(strings.Fields(a[i].Prompt)[:30], " ")] = true
+	}
+	if share := float64(entries[0]) / float64(len(a)); share < 0.65 || share > 0.75 {
+		t.Errorf("hot share %.2f, want about 0.7", share)
+	}
+	if len(prefixes) != 4 {
+		t.Errorf("%d distinct prefixes, want 4", len(prefixes))
+	}
+	if !slices.Equal(a, sc.arrivals(20*time.Second, 7, "fleetinfer")) {
+		t.Error("arrivals are not repeatable")
+	}
+}
+
+func TestArrivalsAvoidTheLostClusterFromHalfway(t *testing.T) {
+	sc := scenario{Entry: []float64{1, 1, 1}, Rate: 100, PromptWords: 1, Lost: 2}
+	before, after := make([]int, 3), make([]int, 3)
+	for _, a := range sc.arrivals(10*time.Second, 1, "x") {
+		if a.At < 5*time.Second {
+			before[a.Entry]++
+		} else {
+			after[a.Entry]++
+		}
+	}
+	if before[2] == 0 || after[2] != 0 || after[0] == 0 || after[1] == 0 {
+		t.Fatalf("entries before the loss %v, after %v", before, after)
+	}
+}
+
+func TestPickShare(t *testing.T) {
+	for _, tc := range []struct {
+		shares []float64
+		u      float64
+		want   int
+	}{
+		{[]float64{0.7, 0.15, 0.15}, 0, 0},
+		{[]float64{0.7, 0.15, 0.15}, 0.69, 0},
+		{[]float64{0.7, 0.15, 0.15}, 0.71, 1},
+		{[]float64{0.7, 0.15, 0.15}, 0.99, 2},
+		{[]float64{1, 1, 0}, 0.6, 1},
+		{[]float64{1, 1, 0}, 0.999999, 1},
+		{[]float64{0, 1, 1}, 0.1, 1},
+	} {
+		if got := pickShare(tc.shares, tc.u); got != tc.want {
+			t.Errorf("pickShare(%v, %v) = %d, want %d", tc.shares, tc.u, got, tc.want)
+		}
+	}
+}
+
+func TestSkyServeLeastLoadCountsItsOwnRequestsInFlight(t *testing.T) {
+	s := newSkyServe(gateways{"a", "b", "c"}, "h", true, 1)
+	s.setReady([]int{0, 1, 2})
+	var got []int
+	var held []target
+	for range 5 {
+		tg, ok := s.route(arrival{})
+		if !ok {
+			t.Fatal("no route")
+		}
+		got = append(got, tg.Cluster)
+		held = append(held, tg)
+	}
+	// Ties go to the first ready replica, as Python's min does.
+	if want := []int{0, 1, 2, 0, 1}; !slices.Equal(got, want) {
+		t.Fatalf("picks %v, want %v", got, want)
+	}
+	s.done(held[2]) // c: 0 in flight
+	s.done(held[0]) // a: 1 in flight
+	if tg, _ := s.route(arrival{}); tg.Cluster != 2 {
+		t.Fatalf("picked %d, want 2 (least in flight)", tg.Cluster)
+	}
+	// The same set leaves loads alone; a smaller one forgets the gone.
+	s.setReady([]int{2, 1, 0})
+	if s.load[1] != 2 {
+		t.Fatalf("load of 1 is %d after a same-set sync, want 2", s.load[1])
+	}
+	s.setReady([]int{0, 1})
+	if _, ok := s.load[2]; ok || slices.Contains(s.ready, 2) {
+		t.Fatal("a replica gone from the ready set is still known")
+	}
+	if tg, _ := s.route(arrival{}); tg.Cluster != 0 || tg.URL != "a" || tg.Host != "h" {
+		t.Fatalf("route %+v, want cluster 0 at a with host h", tg)
+	}
+}
+
+func TestSkyServeRoundRobinCyclesAShuffledReadySet(t *testing.T) {
+	s := newSkyServe(gateways{"a", "b", "c"}, "h", false, 1)
+	if _, ok := s.route(arrival{}); ok {
+		t.Fatal("routed with no ready replicas")
+	}
+	s.setReady([]int{0, 1, 2})
+	var first []int
+	for range 6 {
+		tg, _ := s.route(arrival{})
+		first = append(first, tg.Cluster)
+	}
+	if !slices.Equal(first[:3], first[3:]) || len(slices.Compact(slices.Sorted(slices.Values(first[:3])))) != 3 {
+		t.Fatalf("picks %v: want each replica once per cycle, the same cycle twice", first)
+	}
+	s.setReady([]int{0, 2})
+	seen := map[int]int{}
+	for range 4 {
+		tg, _ := s.route(arrival{})
+		seen[tg.Cluster]++
+	}
+	if seen[0] != 2 || seen[2] != 2 {
+		t.Fatalf("after the set shrank: %v", seen)
+	}
+}
+
+func TestSkyServeRetriesThreeTimesWithGrowingBackoff(t *testing.T) {
+	s := newSkyServe(nil, "", true, 1)
+	if s.attempts() != 3 || s.backoff(1) != time.Second || s.backoff(2) != 1600*time.Millisecond {
+		t.Fatalf("attempts %d, backoffs %v %v", s.attempts(), s.backoff(1), s.backoff(2))
+	}
+}
+
+func TestOraclePicksTheLeastLoadedPodPerSlotAndSkipsLostClusters(t *testing.T) {
+	o := newOracle([]oraclePod{
+		{addr: "a:1", cluster: 0, slots: 4, inflight: 3},
+		{addr: "b:1", cluster: 1, slots: 2, inflight: 1},
+		{addr: "c:1", cluster: 2, slots: 8, inflight: 3},
+	}, 1)
+	// Per slot: a 0.75, b 0.5, c 0.375.
+	tg, ok := o.route(arrival{})
+	if !ok || tg.URL != "http://c:1" || tg.Cluster != 2 || o.pods[2].inflight != 4 {
+		t.Fatalf("route %+v (c in flight %d), want c", tg, o.pods[2].inflight)
+	}
+	// Now b and c tie at 0.5: both must come up.
+	seen := map[int]bool{}
+	for range 40 {
+		tg, _ := o.route(arrival{})
+		seen[tg.Cluster] = true
+		o.done(tg)
+	}
+	if !seen[1] || !seen[2] || seen[0] {
+		t.Fatalf("tied picks went to %v, want b and c only", seen)
+	}
+	o.lose(2)
+	o.lose(1)
+	if tg, _ := o.route(arrival{}); tg.Cluster != 0 {
+		t.Fatalf("picked cluster %d after 1 and 2 were lost", tg.Cluster)
+	}
+	o.lose(0)
+	if _, ok := o.route(arrival{}); ok {
+		t.Fatal("routed with every cluster lost")
+	}
+}
+
+func TestReadStream(t *testing.T) {
+	for _, tc := range []struct {
+		name, stream string
+		tokens       int
+		err          string
+	}{
+		{"tokens", "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n", 2, ""},
+		{"empty text is not a token", "data: {\"choices\":[{\"text\":\"\"}]}\n\ndata: {\"choices\":[{\"text\":\"x\"}]}\n\ndata: [DONE]\n", 1, ""},
+		{"cut short", "data: {\"choices\":[{\"text\":\"a\"}]}\n\n", 1, "without [DONE]"},
+		{"malformed", "data: {\n\n", 0, "malformed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			firsts := 0
+			n, err := readStream(strings.NewReader(tc.stream), func() { firsts++ })
+			if n != tc.tokens || firsts != min(n, 1) {
+				t.Errorf("%d tokens, first called %d times; want %d tokens", n, firsts, tc.tokens)
+			}
+			if (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("error %v, want %q", err, tc.err)
+			}
+		})
+	}
+}
+
+func TestRunSummary(t *testing.T) {
+	sc := scenario{Name: "s", Replicas: []int32{1, 1}}
+	ms := time.Millisecond
+	out := []result{
+		{At: 0, Entry: 0, Served: 0, TTFT: 100 * ms, Total: 500 * ms},
+		{At: 500 * ms, Entry: 0, Served: 1, TTFT: 300 * ms, Total: 900 * ms},
+		{At: 1500 * ms, Entry: 1, Served: 1, TTFT: 2 * time.Second, Total: 2500 * ms},
+		{At: 1600 * ms, Entry: 1, Served: -1, Total: 10 * ms, Err: "dial tcp: connection refused"},
+	}
+	r := newRun(sc, "p", 0, out, 2*time.Second, time.Second, time.Minute)
+	if r.OK != 3 || r.Errors != 1 || r.ErrKinds["connection refused"] != 1 {
+		t.Fatalf("ok %d errors %d kinds %v", r.OK, r.Errors, r.ErrKinds)
+	}
+	if r.SpanS != 4 || r.Throughput != 0.75 || r.Goodput != 0.5 || r.WithinSLO != 0.5 {
+		t.Fatalf("span %v throughput %v goodput %v within %v", r.SpanS, r.Throughput, r.Goodput, r.WithinSLO)
+	}
+	if r.CrossShare != 1.0/3 || !slices.Equal(r.Served, []int{1, 2}) {
+		t.Fatalf("cross %v served %v", r.CrossShare, r.Served)
+	}
+	if r.P50Ms != 300 || !slices.Equal(r.GoodPerSecond, []int{2, 0, 0}) || !slices.Equal(r.ErrPerSecond, []int{0, 1, 0}) {
+		t.Fatalf("p50 %v good %v errors %v", r.P50Ms, r.GoodPerSecond, r.ErrPerSecond)
+	}
+}
+
+func TestHotClusterVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		fleet float64
+		met   bool
+	}{{100, true}, {130, false}, {90, true}} {
+		r := &results{Config: config{reps: 1}}
+		for pol, p99 := range map[string]float64{"gie-local": 400, "round-robin": 200, "least-load": 150, "fleetinfer": tc.fleet, "oracle": 100} {
+			r.Runs = append(r.Runs, runResult{Scenario: "hot-cluster", Policy: pol, P99Ms: p99, Requests: 1})
+		}
+		r.summarize()
+		if r.HotCluster == nil || r.HotCluster.Met != tc.met {
+			t.Errorf("fleetinfer p99 %v: verdict %+v, want met=%v", tc.fleet, r.HotCluster, tc.met)
+		}
+	}
+}
