@@ -43,7 +43,7 @@ import (
 )
 
 type config struct {
-	out, stock                 string
+	out, stock, epp, profile   string
 	reps, seq, conc, concPicks int
 	local, peers, perPeer      int
 	warmup                     int
@@ -53,6 +53,7 @@ func main() {
 	var c config
 	flag.StringVar(&c.out, "out", "bench/results", "directory for epp.json, epp.md and the SVG plots")
 	flag.StringVar(&c.stock, "stock-epp", "bin/gie-epp", "GIE v1.5.0's stock EPP binary (sigs.k8s.io/gateway-api-inference-extension/cmd/epp)")
+	flag.StringVar(&c.epp, "epp", "", "fleetinfer's EPP binary (default: bin/epp)")
 	flag.IntVar(&c.reps, "reps", 3, "repetitions (results are medians)")
 	flag.IntVar(&c.seq, "seq", 2000, "sequential picks per phase")
 	flag.IntVar(&c.conc, "conc", 8, "concurrent pickers")
@@ -61,6 +62,7 @@ func main() {
 	flag.IntVar(&c.local, "local", 100, "local pods")
 	flag.IntVar(&c.peers, "peers", 10, "federation peers")
 	flag.IntVar(&c.perPeer, "per-peer", 90, "pods per peer")
+	flag.StringVar(&c.profile, "profile", "", "instead of measuring, profile each phase of both EPPs (CPU with perf, allocations with pprof) into this directory")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -126,15 +128,21 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
+	if c.epp == "" {
+		c.epp = b.EPP
+	}
 	fedPort, err := freePort()
 	if err != nil {
 		return err
 	}
 	variants := []variant{
 		{name: "gie-stock", binary: c.stock},
-		{name: "fleetinfer", binary: b.EPP, federated: c.peers * c.perPeer, args: []string{
+		{name: "fleetinfer", binary: c.epp, federated: c.peers * c.perPeer, args: []string{
 			"--federation-cluster=local", "--federation-peers-file=" + peersFile, "--federation-port=" + portString(fedPort),
 			"--federation-cert-file=" + tls.Cert, "--federation-key-file=" + tls.Key, "--federation-ca-file=" + tls.CA}},
+	}
+	if c.profile != "" {
+		return profilePhases(ctx, c, variants, cp.AdminKubeconfig(), servers, dir, c.profile, reg)
 	}
 	res := results{Config: c, Started: began.UTC().Format(time.RFC3339), Machine: host.Machine()}
 	res.LoadAverage[0] = host.LoadAverage()
@@ -215,6 +223,25 @@ func startEPP(ctx context.Context, v variant, kubeconfig, dir string, reg *proce
 	return e, nil
 }
 
+// startEPPs starts every variant, returning those that started.
+func startEPPs(ctx context.Context, variants []variant, kubeconfig, dir string, reg *process.Registry) ([]*eppProc, error) {
+	var procs []*eppProc
+	for _, v := range variants {
+		e, err := startEPP(ctx, v, kubeconfig, dir, reg)
+		if err != nil {
+			return procs, fmt.Errorf("%s: %w", v.name, err)
+		}
+		procs = append(procs, e)
+	}
+	return procs, nil
+}
+
+func stopEPPs(procs []*eppProc) {
+	for _, e := range procs {
+		e.stop()
+	}
+}
+
 func (e *eppProc) stop() {
 	if e.picker != nil {
 		_ = e.picker.Close()
@@ -229,18 +256,10 @@ const chunks = 4
 
 // measureRep runs every phase on all EPPs at once.
 func measureRep(ctx context.Context, c config, variants []variant, rep int, kubeconfig string, servers *modelServers, dir string, reg *process.Registry) ([]runResult, error) {
-	var procs []*eppProc
-	defer func() {
-		for _, e := range procs {
-			e.stop()
-		}
-	}()
-	for _, v := range variants {
-		e, err := startEPP(ctx, v, kubeconfig, dir, reg)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", v.name, err)
-		}
-		procs = append(procs, e)
+	procs, err := startEPPs(ctx, variants, kubeconfig, dir, reg)
+	defer stopEPPs(procs)
+	if err != nil {
+		return nil, err
 	}
 	var out []runResult
 	for _, scenario := range []string{"headroom", "saturated"} {
