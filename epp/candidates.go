@@ -41,7 +41,7 @@ type candidates struct {
 	// cross-cluster filter); nil admits every fresh one.
 	gate interface {
 		LocalSaturated(local []fwkdl.Endpoint) bool
-		RemoteCandidates(local, remote []fwkdl.Endpoint) []fwkdl.Endpoint
+		RemoteCandidates(local []fwkdl.Endpoint, remote federation.Remote) []fwkdl.Endpoint
 	}
 	// failOpen reports the pool's failureMode.
 	failOpen          func(ctx context.Context) bool
@@ -53,7 +53,7 @@ var _ contracts.EndpointCandidates = (*candidates)(nil)
 
 // remoteEndpoints is what candidates need of the federation's store.
 type remoteEndpoints interface {
-	AppendFresh(dst []fwkdl.Endpoint, now time.Time, peer func(cluster string, oldest time.Time)) []fwkdl.Endpoint
+	Remote(now time.Time) federation.Remote
 }
 
 func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endpoint {
@@ -67,16 +67,16 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 		return local
 	}
 	now := c.now()
-	var observe func(string, time.Time)
+	remote := c.remote.Remote(now)
 	// Lag is recorded for picks only (the director's lookups), not for flow
 	// control's saturation checks.
 	if pickFrom(ctx) != nil {
-		observe = func(peer string, oldest time.Time) { federation.ObserveLag(peer, now.Sub(oldest).Seconds()) }
+		remote.ObserveLag(now)
 	}
 	if c.gate == nil {
-		return c.remote.AppendFresh(local, now, observe)
+		return remote.AppendFresh(local)
 	}
-	return append(local, c.gate.RemoteCandidates(local, c.remote.AppendFresh(nil, now, observe))...)
+	return append(local, c.gate.RemoteCandidates(local, remote)...)
 }
 
 // subsetHint returns the hinted endpoints when the request carries a hint.

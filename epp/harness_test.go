@@ -50,11 +50,21 @@ func (d *fakeDatastore) PodList(pred func(fwkdl.Endpoint) bool) []fwkdl.Endpoint
 	return out
 }
 
-// fakeRemote stands in for the federation store.
+// fakeRemote stands in for the federation store: one view per cluster of
+// its endpoints, none of them stale.
 type fakeRemote struct{ eps []fwkdl.Endpoint }
 
-func (r *fakeRemote) AppendFresh(dst []fwkdl.Endpoint, _ time.Time, _ func(string, time.Time)) []fwkdl.Endpoint {
-	return append(dst, r.eps...)
+func (r *fakeRemote) Remote(now time.Time) federation.Remote {
+	byCluster := map[*federation.Origin][]federation.Entry{}
+	for _, ep := range r.eps {
+		o := federation.OriginOf(ep.GetAttributes())
+		byCluster[o] = append(byCluster[o], federation.Entry{Endpoint: ep.(*fwkdl.ModelServer), Updated: ep.GetMetrics().UpdateTime})
+	}
+	out := federation.Remote{Stale: now.Add(-time.Hour)}
+	for o, entries := range byCluster {
+		out.Peers = append(out.Peers, federation.NewView(o, entries))
+	}
+	return out
 }
 
 func endpoint(name, addr string, waiting int, origin *federation.Origin) fwkdl.Endpoint {

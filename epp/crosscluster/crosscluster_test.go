@@ -3,6 +3,8 @@ package crosscluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -119,22 +121,42 @@ func TestFactoriesRefuseInvalidParameters(t *testing.T) {
 }
 
 func TestRemoteCandidatesAreTheLeastLoadedFewAndOnlyOnSpill(t *testing.T) {
-	dl := func(name string, waiting int, kv float64, age time.Duration, cluster string) fwkdl.Endpoint {
+	dl := func(name string, waiting int, kv float64) *fwkdl.ModelServer {
 		m := fwkdl.NewMetrics()
-		m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now.Add(-age)
+		m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now.Add(-time.Minute)
 		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}}, m)
 	}
+	// view builds a peer's view; each endpoint's data is vouched for age ago.
+	view := func(cluster string, eps map[*fwkdl.ModelServer]time.Duration) *federation.View {
+		var entries []federation.Entry
+		for ep, age := range eps {
+			entries = append(entries, federation.Entry{Endpoint: ep, Updated: now.Add(-age)})
+		}
+		return federation.NewView(&federation.Origin{Cluster: cluster}, entries)
+	}
 	fresh := 10 * time.Millisecond
-	remote := []fwkdl.Endpoint{dl("r-busy", 9, 0, fresh, "w"), dl("r-q2", 2, 0.1, fresh, "w"), dl("r-q0-kv5", 0, 0.5, fresh, "w"),
-		dl("r-q0-kv1", 0, 0.1, fresh, "w"), dl("r-q1", 1, 0, fresh, "w")}
+	west := view("w", map[*fwkdl.ModelServer]time.Duration{dl("w-busy", 9, 0): fresh, dl("w-q2", 2, 0.1): fresh,
+		dl("w-q0-kv5", 0, 0.5): fresh, dl("w-q0-kv1", 0, 0.1): fresh, dl("w-q1", 1, 0): fresh})
+	east := view("e", map[*fwkdl.ModelServer]time.Duration{dl("e-q0-kv0", 0, 0): fresh, dl("e-q0-kv9", 0, 0.9): fresh,
+		dl("e-stale-q0", 0, 0): 3 * time.Second, dl("e-old-q0", 0, 0): 1500 * time.Millisecond, dl("e-busy", 8, 0): fresh})
+	remote := federation.Remote{Peers: []*federation.View{west, east}, Stale: now.Add(-2 * time.Second)}
 	tests := []struct {
-		name  string
-		local []fwkdl.Endpoint
-		want  string
+		name   string
+		local  []fwkdl.Endpoint
+		remote federation.Remote
+		want   string
 	}{
-		{"none while local has headroom", []fwkdl.Endpoint{dl("l", 0, 0, fresh, "")}, ""},
-		{"least loaded with headroom on spill, bounded", []fwkdl.Endpoint{dl("l", 7, 0, fresh, "")}, "r-q0-kv1,r-q0-kv5,r-q1"},
-		{"without local endpoints, least loaded", nil, "r-q0-kv1,r-q0-kv5,r-q1"},
+		{"least loaded with headroom across peers, bounded", []fwkdl.Endpoint{dl("l", 7, 0)}, remote, "e-q0-kv0,w-q0-kv1,w-q0-kv5"},
+		{"one peer", []fwkdl.Endpoint{dl("l", 7, 0)}, federation.Remote{Peers: []*federation.View{west}, Stale: remote.Stale},
+			"w-q0-kv1,w-q0-kv5,w-q1"},
+		{"none when no remote endpoint has headroom", []fwkdl.Endpoint{dl("l", 7, 0)},
+			federation.Remote{Peers: []*federation.View{view("e", map[*fwkdl.ModelServer]time.Duration{
+				dl("e-busy", 8, 0): fresh, dl("e-full", 0, 0.95): fresh, dl("e-old", 0, 0): 1500 * time.Millisecond})}, Stale: remote.Stale}, ""},
+		{"without local endpoints, least loaded whether with headroom or not", nil,
+			federation.Remote{Peers: []*federation.View{view("e", map[*fwkdl.ModelServer]time.Duration{
+				dl("e-busy", 8, 0): fresh, dl("e-full", 0, 0.95): fresh, dl("e-old", 0, 0): 1500 * time.Millisecond,
+				dl("e-stale", 0, 0): 3 * time.Second})}, Stale: remote.Stale}, "e-busy,e-full,e-old"},
+		{"no peers", []fwkdl.Endpoint{dl("l", 7, 0)}, federation.Remote{Stale: remote.Stale}, ""},
 	}
 	p, err := FilterFactory("f", json.RawMessage(`{"maxRemoteCandidates": 3}`), nil)
 	if err != nil {
@@ -144,13 +166,79 @@ func TestRemoteCandidatesAreTheLeastLoadedFewAndOnlyOnSpill(t *testing.T) {
 	f.now = func() time.Time { return now }
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var got []string
-			for _, e := range f.RemoteCandidates(tc.local, remote) {
-				got = append(got, e.GetMetadata().NamespacedName.Name)
-			}
-			if strings.Join(got, ",") != tc.want {
-				t.Fatalf("admitted %v, want %s", got, tc.want)
+			// The peers are visited from a random one; the result must not
+			// depend on it.
+			for range 20 {
+				var got []string
+				for _, e := range f.RemoteCandidates(tc.local, tc.remote) {
+					if e.GetMetrics().UpdateTime.Before(now.Add(-2 * time.Second)) {
+						t.Fatalf("%s dated %v: stale", e.GetMetadata().NamespacedName.Name, e.GetMetrics().UpdateTime)
+					}
+					got = append(got, e.GetMetadata().NamespacedName.Name)
+				}
+				slices.Sort(got)
+				if strings.Join(got, ",") != tc.want {
+					t.Fatalf("admitted %v, want %s", got, tc.want)
+				}
 			}
 		})
+	}
+}
+
+func TestRemoteCandidatesCarryTheViewsFreshness(t *testing.T) {
+	m := fwkdl.NewMetrics()
+	m.UpdateTime = now.Add(-time.Minute) // the scrape, before watermarks vouched for it
+	ep := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: "r"}}, m)
+	ep.GetAttributes().Put(federation.OriginAttribute, &federation.Origin{Cluster: "w"})
+	v := federation.NewView(&federation.Origin{Cluster: "w"}, []federation.Entry{{Endpoint: ep, Updated: now.Add(-20 * time.Millisecond)}})
+	p, _ := FilterFactory("f", nil, nil)
+	f := p.(*Filter)
+	f.now = func() time.Time { return now }
+	got := f.RemoteCandidates(nil, federation.Remote{Peers: []*federation.View{v}, Stale: now.Add(-2 * time.Second)})
+	if len(got) != 1 || !got[0].GetMetrics().UpdateTime.Equal(now.Add(-20*time.Millisecond)) {
+		t.Fatalf("got %v", got)
+	}
+	if federation.OriginOf(got[0].GetAttributes()) == nil || ep.GetMetrics().UpdateTime != m.UpdateTime {
+		t.Fatal("the candidate lost its origin or changed the view's endpoint")
+	}
+}
+
+// BenchmarkRemoteCandidates picks the 16 least loaded of 10 peers × 90
+// endpoints, as a spilled pick does.
+func BenchmarkRemoteCandidates(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	remote := federation.Remote{Stale: now.Add(-2 * time.Second)}
+	for c := range 10 {
+		entries := make([]federation.Entry, 90)
+		for i := range entries {
+			m := fwkdl.NewMetrics()
+			m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = rng.IntN(4), float64(rng.IntN(60))/100, now
+			entries[i] = federation.Entry{Endpoint: fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{}, m), Updated: now}
+		}
+		remote.Peers = append(remote.Peers, federation.NewView(&federation.Origin{Cluster: fmt.Sprint(c)}, entries))
+	}
+	local := []fwkdl.Endpoint{fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{}, &fwkdl.Metrics{WaitingQueueSize: 10, UpdateTime: now})}
+	p, _ := FilterFactory("f", nil, nil)
+	f := p.(*Filter)
+	f.now = func() time.Time { return now }
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(f.RemoteCandidates(local, remote)) != 16 {
+			b.Fatal("not 16")
+		}
+	}
+}
+
+// BenchmarkFilterLocalOnly is the filter in a scheduling cycle without a
+// spill: 100 local candidates.
+func BenchmarkFilterLocalOnly(b *testing.B) {
+	eps := make([]fwksched.Endpoint, 100)
+	for i := range eps {
+		eps[i] = ep(fmt.Sprint(i), 0, 0.3, time.Millisecond, "")
+	}
+	p, _ := FilterFactory("f", nil, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		p.(*Filter).Filter(context.Background(), nil, nil, eps)
 	}
 }

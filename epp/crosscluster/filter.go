@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -95,8 +96,16 @@ func (f *Filter) TypedName() fwkplugin.TypedName {
 }
 
 func (f *Filter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
+	// Without a spill the candidate lookup adds no remote endpoint: pass the
+	// candidates through without copying them.
+	first := slices.IndexFunc(endpoints, func(ep fwksched.Endpoint) bool { return federation.OriginOf(ep) != nil })
+	if first < 0 {
+		return endpoints
+	}
 	now := f.now()
-	var local, remote, remoteRoom []fwksched.Endpoint
+	local := make([]fwksched.Endpoint, 0, len(endpoints))
+	remote := make([]fwksched.Endpoint, 0, len(endpoints)-first)
+	var remoteRoom []fwksched.Endpoint
 	localRoom := false
 	for _, ep := range endpoints {
 		if federation.OriginOf(ep) == nil {
@@ -110,8 +119,6 @@ func (f *Filter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.L
 		}
 	}
 	switch {
-	case len(remote) == 0:
-		return endpoints
 	case len(local) == 0 && len(remoteRoom) > 0:
 		return remoteRoom
 	case len(local) == 0:
@@ -123,56 +130,83 @@ func (f *Filter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.L
 }
 
 // RemoteCandidates decides, before scheduling, which remote endpoints join
-// a request's candidates: none while a local endpoint has headroom (the
-// filter would drop them), otherwise the least loaded remote endpoints with
-// headroom, at most MaxRemoteCandidates; without local endpoints, the least
-// loaded remote endpoints whether they have headroom or not. The candidate
-// lookup calls it, so that remote endpoints enter GIE's scheduling cycle,
-// which copies and scores every candidate, only when they can be picked.
-func (f *Filter) RemoteCandidates(local, remote []fwkdl.Endpoint) []fwkdl.Endpoint {
-	if !f.LocalSaturated(local) {
-		return nil
+// the candidates of a request whose local endpoints have no headroom (see
+// LocalSaturated, which the caller checks first): the least loaded remote
+// endpoints with headroom, at most MaxRemoteCandidates, or none when no
+// remote endpoint has headroom; without local endpoints, the least loaded
+// remote endpoints whether they have headroom or not. The candidate lookup
+// calls it, so that remote endpoints enter GIE's scheduling cycle, which
+// copies and scores every candidate, only when they can be picked.
+//
+// Each peer's view is ordered by load, so only its front is read: once a
+// peer has given MaxRemoteCandidates endpoints with headroom, the rest of
+// it cannot rank higher, and past the queue threshold none has headroom.
+func (f *Filter) RemoteCandidates(local []fwkdl.Endpoint, remote federation.Remote) []fwkdl.Endpoint {
+	k := f.params.MaxRemoteCandidates
+	roomSince := f.now().Add(-time.Duration(f.params.RemoteMetricsStalenessThreshold))
+	best := make([]ranked, 0, k)
+	withRoom := false
+	// Equal loads rank in visiting order: start at a random peer, so that
+	// ties do not always go to the same cluster.
+	n := len(remote.Peers)
+	start := 0
+	if n > 1 {
+		start = rand.IntN(n)
 	}
-	now := f.now()
-	// The least loaded remote endpoints, kept sorted in a bounded slice: one
-	// pass over the fleet instead of sorting it.
-	best := make([]ranked, 0, f.params.MaxRemoteCandidates)
-	withRoom := 0
-	for _, ep := range remote {
-		m := ep.GetMetrics()
-		if m == nil {
-			continue
-		}
-		r := ranked{ep: ep, queue: m.WaitingQueueSize, kv: m.KVCacheUsagePercent,
-			room: f.hasRoom(m, now, f.params.RemoteMetricsStalenessThreshold)}
-		if r.room {
-			withRoom++
-		} else if len(local) > 0 {
-			continue
-		}
-		if len(best) == cap(best) && !r.less(best[len(best)-1]) {
-			continue
-		}
-		i, _ := slices.BinarySearchFunc(best, r, func(a, b ranked) int {
-			if a.less(b) {
-				return -1
+	for i := range n {
+		v := remote.Peers[(start+i)%n]
+		taken := 0
+		for j := range v.Entries {
+			e := &v.Entries[j]
+			if len(local) > 0 && e.Queue() >= f.params.QueueDepthThreshold {
+				break
 			}
-			return 1
-		})
-		if len(best) < cap(best) {
-			best = append(best, ranked{})
+			if e.Updated.Before(remote.Stale) {
+				continue
+			}
+			r := ranked{e: e, room: !e.Updated.Before(roomSince) && e.Queue() < f.params.QueueDepthThreshold &&
+				e.KVCacheUsage() < f.params.KVCacheUtilThreshold}
+			if r.room {
+				withRoom = true
+			} else if len(local) > 0 {
+				continue
+			}
+			best = insertBounded(best, r)
+			if r.room {
+				if taken++; taken == k {
+					break
+				}
+			}
 		}
-		copy(best[i+1:], best[i:len(best)-1])
-		best[i] = r
 	}
-	if len(local) > 0 && withRoom == 0 {
+	if len(best) == 0 || len(local) > 0 && !withRoom {
 		return nil
 	}
-	out := make([]fwkdl.Endpoint, len(best))
+	entries := make([]*federation.Entry, len(best))
 	for i, r := range best {
-		out[i] = r.ep
+		entries[i] = r.e
 	}
-	return out
+	return federation.AppendEndpoints(nil, entries)
+}
+
+// insertBounded inserts r into best, which is ordered and holds at most
+// cap(best) endpoints, after those that rank equal.
+func insertBounded(best []ranked, r ranked) []ranked {
+	if len(best) == cap(best) && !r.less(best[len(best)-1]) {
+		return best
+	}
+	i, _ := slices.BinarySearchFunc(best, r, func(a, b ranked) int {
+		if a.less(b) {
+			return -1
+		}
+		return 1
+	})
+	if len(best) < cap(best) {
+		best = append(best, ranked{})
+	}
+	copy(best[i+1:], best[i:len(best)-1])
+	best[i] = r
+	return best
 }
 
 // LocalSaturated reports whether no local endpoint has headroom, that is
@@ -190,20 +224,18 @@ func (f *Filter) LocalSaturated(local []fwkdl.Endpoint) bool {
 // ranked orders remote endpoints by load: those with headroom first, then
 // by queue, then by KV-cache usage.
 type ranked struct {
-	ep    fwkdl.Endpoint
-	queue int
-	kv    float64
-	room  bool
+	e    *federation.Entry
+	room bool
 }
 
 func (a ranked) less(b ranked) bool {
 	if a.room != b.room {
 		return a.room
 	}
-	if a.queue != b.queue {
-		return a.queue < b.queue
+	if a.e.Queue() != b.e.Queue() {
+		return a.e.Queue() < b.e.Queue()
 	}
-	return a.kv < b.kv
+	return a.e.KVCacheUsage() < b.e.KVCacheUsage()
 }
 
 func (f *Filter) hasRoom(m *fwkdl.Metrics, now time.Time, staleAfter Duration) bool {

@@ -56,6 +56,3 @@ func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{peersConnected, subscribers, remoteEndpoints, lag, bytesTotal,
 		updatesTotal, streamErrors, refused, Picks, SubsetHints}
 }
-
-// ObserveLag records the age of a peer's data at pick time.
-func ObserveLag(peer string, seconds float64) { lag.WithLabelValues(peer).Observe(seconds) }

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
@@ -57,9 +59,8 @@ func OriginOf(attrs Attributes) *Origin {
 }
 
 // peerState holds one peer's endpoints as received on its current stream.
-// Apply runs on the stream's goroutine only; readers use the endpoints
-// snapshot, which is swapped atomically, and each endpoint's metrics, which
-// GIE's endpoint type stores atomically.
+// Apply runs on the stream's goroutine only; readers use the view, an
+// immutable snapshot that apply swaps atomically after every message.
 type peerState struct {
 	origin    *Origin
 	namespace string // the pool's namespace, which remote endpoints share
@@ -67,19 +68,28 @@ type peerState struct {
 
 	seq  uint64
 	byID map[uint32]*remoteEndpoint
-	// endpoints is the current set, rebuilt when membership changes.
-	endpoints atomic.Pointer[[]*remoteEndpoint]
+	// order is byID's values from the least to the most loaded, sorted again
+	// only when endpoints or their values change, not for watermarks.
+	order []*remoteEndpoint
+	view  atomic.Pointer[View]
+	// lag is this peer's federation lag histogram, looked up once.
+	lag prometheus.Observer
 }
 
 type remoteEndpoint struct {
-	ep *fwkdl.ModelServer
-	// metrics are the last received values; their UpdateTime is the local
-	// time the data was scraped, advanced by freshness watermarks.
+	// ep's metrics are the last received values, dated by their scrape.
+	ep      *fwkdl.ModelServer
 	metrics *fwkdl.Metrics
+	// updated is the local time up to which the data is vouched for: its
+	// scrape, advanced by freshness watermarks. Picks see it as the
+	// metrics' UpdateTime (see View), so that a watermark, which moves
+	// every endpoint, costs no copy of each one's metrics.
+	updated time.Time
 }
 
 func newPeerState(origin *Origin, namespace string, limits Limits) *peerState {
-	return &peerState{origin: origin, namespace: namespace, limits: limits, byID: map[uint32]*remoteEndpoint{}}
+	return &peerState{origin: origin, namespace: namespace, limits: limits, byID: map[uint32]*remoteEndpoint{},
+		lag: lag.WithLabelValues(origin.Cluster)}
 }
 
 // errProtocol marks a violation of the stream's rules (as opposed to a
@@ -104,9 +114,8 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 		}
 		return recvAt.Add(-time.Duration(sent - t))
 	}
-	changed := false
+	reorder := u.GetSnapshot() || len(u.GetRemoved()) > 0 || len(u.GetUpserts()) > 0
 	if u.GetSnapshot() {
-		changed = len(p.byID) > 0
 		clear(p.byID)
 	}
 	for _, id := range u.GetRemoved() {
@@ -114,7 +123,6 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 			return fmt.Errorf("%w: removal of unknown endpoint %d", errProtocol, id)
 		}
 		delete(p.byID, id)
-		changed = true
 	}
 	for _, e := range u.GetUpserts() {
 		re, ok := p.byID[e.GetId()]
@@ -128,38 +136,41 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 			re = &remoteEndpoint{ep: fwkdl.NewEndpoint(nil, nil)}
 			re.ep.GetAttributes().Put(OriginAttribute, p.origin)
 			p.byID[e.GetId()] = re
-			changed = true
 		}
 		if s := e.GetSpec(); s != nil {
 			re.ep.UpdateMetadata(p.metadata(s))
 		}
 		re.metrics = metricsFrom(e.GetMetrics(), local(e.GetMetrics().GetScrapeUnixNano()))
 		re.ep.UpdateMetrics(re.metrics)
+		re.updated = re.metrics.UpdateTime
 	}
 	if cur := u.GetCurrentUnixNano(); cur > 0 {
 		wm := local(cur)
-		lagging := make(map[uint32]bool, len(u.GetLagging()))
-		for _, id := range u.GetLagging() {
-			lagging[id] = true
+		var lagging map[uint32]bool
+		if len(u.GetLagging()) > 0 {
+			lagging = make(map[uint32]bool, len(u.GetLagging()))
+			for _, id := range u.GetLagging() {
+				lagging[id] = true
+			}
 		}
 		for id, re := range p.byID {
-			if lagging[id] || !wm.After(re.metrics.UpdateTime) {
-				continue
+			if !lagging[id] && wm.After(re.updated) {
+				re.updated = wm
 			}
-			// Shallow copy: the maps are never written after creation.
-			m := *re.metrics
-			m.UpdateTime = wm
-			re.metrics = &m
-			re.ep.UpdateMetrics(re.metrics)
 		}
 	}
-	if changed {
-		list := make([]*remoteEndpoint, 0, len(p.byID))
-		for _, re := range p.byID {
-			list = append(list, re)
-		}
-		p.endpoints.Store(&list)
+	if reorder {
+		// Endpoints come in map order, so equal loads are not always in the
+		// same order either.
+		p.order = slices.AppendSeq(p.order[:0], maps.Values(p.byID))
+		slices.SortFunc(p.order, func(a, b *remoteEndpoint) int { return compareLoad(a.metrics, b.metrics) })
 	}
+	v := &View{Origin: p.origin, Entries: make([]Entry, len(p.order)), lag: p.lag}
+	for i, re := range p.order {
+		v.Entries[i] = Entry{Endpoint: re.ep, Updated: re.updated, metrics: re.metrics}
+	}
+	v.index()
+	p.view.Store(v)
 	return nil
 }
 
@@ -204,14 +215,16 @@ func metricsFrom(m *federationv1.EndpointMetrics, at time.Time) *fwkdl.Metrics {
 }
 
 // Store holds the endpoints of every connected peer. It is safe for
-// concurrent use; reads never wait for a stream.
+// concurrent use; reads take no lock and never wait for a stream.
 type Store struct {
-	// StaleAfter is the staleness bound: a remote endpoint whose data is
+	// staleAfter is the staleness bound: a remote endpoint whose data is
 	// older is left out of candidate sets.
 	staleAfter time.Duration
 
-	mu    sync.RWMutex
+	mu    sync.Mutex
 	peers map[string]*peerState // by cluster
+	// list is peers' values, rebuilt under mu when a peer comes or goes.
+	list atomic.Pointer[[]*peerState]
 }
 
 // NewStore returns an empty store with the given staleness bound.
@@ -226,6 +239,7 @@ func (s *Store) set(cluster string, p *peerState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.peers[cluster] = p
+	s.publish()
 }
 
 // remove drops a peer's endpoints if they are still those of p: when a
@@ -236,47 +250,41 @@ func (s *Store) remove(cluster string, p *peerState) {
 	defer s.mu.Unlock()
 	if s.peers[cluster] == p {
 		delete(s.peers, cluster)
+		s.publish()
 	}
 }
 
-// AppendFresh appends every remote endpoint whose data is within the
-// staleness bound at now to dst, and calls peer (when not nil) once per
-// peer with endpoints, with the oldest data time among its fresh ones.
-func (s *Store) AppendFresh(dst []fwkdl.Endpoint, now time.Time, peer func(cluster string, oldest time.Time)) []fwkdl.Endpoint {
-	cutoff := now.Add(-s.staleAfter)
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	for cluster, p := range s.peers {
-		list := p.endpoints.Load()
-		if list == nil {
-			continue
-		}
-		var oldest time.Time
-		for _, re := range *list {
-			t := re.ep.GetMetrics().UpdateTime
-			if t.Before(cutoff) {
-				continue
-			}
-			if oldest.IsZero() || t.Before(oldest) {
-				oldest = t
-			}
-			dst = append(dst, re.ep)
-		}
-		if peer != nil && !oldest.IsZero() {
-			peer(cluster, oldest)
+// publish swaps in the current peer list. Called with s.mu held.
+func (s *Store) publish() {
+	list := slices.Collect(maps.Values(s.peers))
+	s.list.Store(&list)
+}
+
+// Remote returns every connected peer's current view, with the staleness
+// cutoff at now.
+func (s *Store) Remote(now time.Time) Remote {
+	r := Remote{Stale: now.Add(-s.staleAfter)}
+	list := s.list.Load()
+	if list == nil {
+		return r
+	}
+	r.Peers = make([]*View, 0, len(*list))
+	for _, p := range *list {
+		if v := p.view.Load(); v != nil {
+			r.Peers = append(r.Peers, v)
 		}
 	}
-	return dst
+	return r
 }
 
 // Count returns how many endpoints each peer has, fresh or not.
 func (s *Store) Count() map[string]int {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make(map[string]int, len(s.peers))
-	for cluster, p := range s.peers {
-		if list := p.endpoints.Load(); list != nil {
-			out[cluster] = len(*list)
+	out := map[string]int{}
+	if list := s.list.Load(); list != nil {
+		for _, p := range *list {
+			if v := p.view.Load(); v != nil {
+				out[v.Origin.Cluster] = len(v.Entries)
+			}
 		}
 	}
 	return out

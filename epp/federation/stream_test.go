@@ -166,7 +166,7 @@ func waitFor(t *testing.T, what string, cond func() error) {
 
 func remote(s *Store) map[string]fwkdl.Endpoint {
 	out := map[string]fwkdl.Endpoint{}
-	for _, ep := range s.AppendFresh(nil, time.Now(), nil) {
+	for _, ep := range s.Remote(time.Now()).AppendFresh(nil) {
 		out[ep.GetMetadata().NamespacedName.Name] = ep
 	}
 	return out
