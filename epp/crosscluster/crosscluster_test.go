@@ -84,6 +84,9 @@ func TestScorerChargesRemoteEndpointsTheirClusterCost(t *testing.T) {
 			t.Errorf("%s scored %v, want %v", e.GetMetadata().NamespacedName.Name, got[e], want)
 		}
 	}
+	if got := p.(*Scorer).Score(context.Background(), nil, nil, []fwksched.Endpoint{local, ep("l2", 0, 0, 0, "")}); len(got) != 0 {
+		t.Errorf("only local candidates scored %v, want none", got)
+	}
 }
 
 func TestFactoriesRefuseInvalidParameters(t *testing.T) {

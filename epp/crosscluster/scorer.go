@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
@@ -70,7 +71,15 @@ func (s *Scorer) TypedName() fwkplugin.TypedName {
 // already is (the local cluster).
 func (s *Scorer) Category() fwksched.ScorerCategory { return fwksched.Affinity }
 
+// Score scores nothing when every candidate is local, as without a spill:
+// they would all score 1, which changes no max-score or random pick, and
+// GIE's scheduling cycle then spares a pass over every candidate for this
+// scorer. (A weighted-random picker then weighs local candidates by the
+// other scorers alone.)
 func (s *Scorer) Score(_ context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) map[fwksched.Endpoint]float64 {
+	if !slices.ContainsFunc(endpoints, func(ep fwksched.Endpoint) bool { return federation.OriginOf(ep) != nil }) {
+		return nil
+	}
 	scores := make(map[fwksched.Endpoint]float64, len(endpoints))
 	for _, ep := range endpoints {
 		o := federation.OriginOf(ep)
