@@ -71,6 +71,20 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	if err != nil || p == nil || len(p.targets) == 0 {
 		return rc, err
 	}
+	primary := federation.OriginOf(p.targets[0])
+	if primary == nil {
+		localPicks.Inc()
+	} else {
+		federation.Picks.WithLabelValues("remote", primary.Cluster).Inc()
+	}
+	parent := slices.ContainsFunc(p.targets, func(t fwksched.Endpoint) bool {
+		o := federation.OriginOf(t)
+		return o != nil && o.Mode == federation.ModeParent
+	})
+	if !parent {
+		// GIE's destination, every target's ip:port, is already right.
+		return rc, nil
+	}
 	dest := make([]string, 0, len(p.targets))
 	var hint []string
 	for _, t := range p.targets {
@@ -83,17 +97,16 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 			dest = append(dest, addr)
 		}
 	}
-	if o := federation.OriginOf(p.targets[0]); o != nil {
-		federation.Picks.WithLabelValues("remote", o.Cluster).Inc()
-	} else {
-		federation.Picks.WithLabelValues("local", "").Inc()
-	}
 	// GIE writes the header and the envoy.lb metadata from TargetEndpoint
 	// after this returns, so both carry the rewritten value.
 	rc.TargetEndpoint = strings.Join(dest, ",")
 	p.hint = strings.Join(hint, ",")
 	return rc, nil
 }
+
+// localPicks is Picks' local series, looked up once: it is counted on every
+// pick that stays in the cluster.
+var localPicks = federation.Picks.WithLabelValues("local", "")
 
 // extProcServer wraps GIE's StreamingServer: each stream gets its *pick, and
 // the request-headers response of a Parent-mode pick gets the subset hint
