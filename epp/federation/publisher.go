@@ -56,9 +56,24 @@ type Publisher struct {
 	ids    map[types.NamespacedName]uint32
 	nextID uint32
 	// last is what every subscriber has been sent, by id.
-	last     map[uint32]*federationv1.Endpoint
+	last     map[uint32]*sentEndpoint
 	subs     map[*subscription]struct{}
 	lastSent time.Time
+	// synced is whether last follows the local state. Without subscribers
+	// ticks do nothing, and the next subscription catches up first.
+	synced bool
+}
+
+// sentEndpoint is an endpoint as last sent, and its latest scrape.
+type sentEndpoint struct {
+	// md is the metadata the spec was made of: GIE replaces an endpoint's
+	// metadata when it changes, so the same pointer is the same spec.
+	md *fwkdl.EndpointMetadata
+	// ep is shared with the subscriptions' messages, so never changed.
+	ep *federationv1.Endpoint
+	// scrape is the latest scrape time, which changes on every scrape and
+	// travels in the watermark rather than as a change.
+	scrape int64
 }
 
 type subscription struct {
@@ -74,7 +89,7 @@ func NewPublisher(opts PublisherOptions) *Publisher {
 		opts.Buffer = 64
 	}
 	return &Publisher{opts: opts, ids: map[types.NamespacedName]uint32{},
-		last: map[uint32]*federationv1.Endpoint{}, subs: map[*subscription]struct{}{}}
+		last: map[uint32]*sentEndpoint{}, subs: map[*subscription]struct{}{}}
 }
 
 // Run compares local state every interval and publishes changes until ctx ends.
@@ -94,46 +109,19 @@ func (p *Publisher) Run(ctx context.Context) error {
 // tick diffs local endpoints against what was last sent and fans the delta
 // (or a heartbeat) out to every subscriber.
 func (p *Publisher) tick(now time.Time) {
+	p.mu.Lock()
+	idle := len(p.subs) == 0
+	if idle {
+		p.synced = false
+	}
+	p.mu.Unlock()
+	if idle {
+		return
+	}
 	local := p.opts.Local()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	u := &federationv1.Update{}
-	present := make(map[uint32]bool, len(local))
-	for _, ep := range local {
-		md, m := ep.GetMetadata(), ep.GetMetrics()
-		if md == nil || m == nil {
-			continue
-		}
-		id, ok := p.ids[md.NamespacedName]
-		if !ok {
-			p.nextID++
-			id = p.nextID
-			p.ids[md.NamespacedName] = id
-		}
-		present[id] = true
-		cur := &federationv1.Endpoint{Id: id, Spec: specOf(md), Metrics: metricsOf(m)}
-		prev := p.last[id]
-		switch {
-		case prev == nil || !proto.Equal(prev.GetSpec(), cur.GetSpec()):
-			u.Upserts = append(u.Upserts, cur)
-		case !sameValues(prev.GetMetrics(), cur.GetMetrics()):
-			u.Upserts = append(u.Upserts, &federationv1.Endpoint{Id: id, Metrics: cur.GetMetrics()})
-		}
-		p.last[id] = cur
-	}
-	for id := range p.last {
-		if !present[id] {
-			u.Removed = append(u.Removed, id)
-			delete(p.last, id)
-		}
-	}
-	for name, id := range p.ids {
-		if !present[id] {
-			delete(p.ids, name)
-		}
-	}
-	slices.Sort(u.Removed)
-	u.CurrentUnixNano, u.Lagging = p.watermark(now)
+	u := p.diff(local, now)
 	if len(u.Upserts) == 0 && len(u.Removed) == 0 && now.Sub(p.lastSent) < p.opts.Heartbeat {
 		return
 	}
@@ -150,6 +138,51 @@ func (p *Publisher) tick(now time.Time) {
 	}
 }
 
+// diff brings last up to local and returns the delta. Called with p.mu held.
+func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Update {
+	u := &federationv1.Update{}
+	present := make(map[uint32]bool, len(local))
+	for _, ep := range local {
+		md, m := ep.GetMetadata(), ep.GetMetrics()
+		if md == nil || m == nil {
+			continue
+		}
+		id, ok := p.ids[md.NamespacedName]
+		if !ok {
+			p.nextID++
+			id = p.nextID
+			p.ids[md.NamespacedName] = id
+		}
+		present[id] = true
+		prev := p.last[id]
+		switch {
+		case prev == nil || prev.md != md && !sameSpec(prev.ep.GetSpec(), md):
+			prev = &sentEndpoint{ep: &federationv1.Endpoint{Id: id, Spec: specOf(md), Metrics: metricsOf(m)}}
+			p.last[id] = prev
+			u.Upserts = append(u.Upserts, prev.ep)
+		case !sameValues(prev.ep.GetMetrics(), m):
+			prev.ep = &federationv1.Endpoint{Id: id, Spec: prev.ep.GetSpec(), Metrics: metricsOf(m)}
+			u.Upserts = append(u.Upserts, &federationv1.Endpoint{Id: id, Metrics: prev.ep.GetMetrics()})
+		}
+		prev.md, prev.scrape = md, scrapeOf(m)
+	}
+	for id := range p.last {
+		if !present[id] {
+			u.Removed = append(u.Removed, id)
+			delete(p.last, id)
+		}
+	}
+	for name, id := range p.ids {
+		if !present[id] {
+			delete(p.ids, name)
+		}
+	}
+	slices.Sort(u.Removed)
+	u.CurrentUnixNano, u.Lagging = p.watermark(now)
+	p.synced = true
+	return u
+}
+
 // watermark returns the oldest scrape time among endpoints that are not
 // lagging, and the lagging ones. Called with p.mu held.
 func (p *Publisher) watermark(now time.Time) (int64, []uint32) {
@@ -157,13 +190,12 @@ func (p *Publisher) watermark(now time.Time) (int64, []uint32) {
 	var current int64
 	var lagging []uint32
 	for id, e := range p.last {
-		t := e.GetMetrics().GetScrapeUnixNano()
-		if t < cutoff {
+		if e.scrape < cutoff {
 			lagging = append(lagging, id)
 			continue
 		}
-		if current == 0 || t < current {
-			current = t
+		if current == 0 || e.scrape < current {
+			current = e.scrape
 		}
 	}
 	slices.Sort(lagging)
@@ -174,7 +206,12 @@ func (p *Publisher) watermark(now time.Time) (int64, []uint32) {
 func (p *Publisher) snapshot(now time.Time) *federationv1.Update {
 	u := &federationv1.Update{Snapshot: true}
 	for _, id := range slices.Sorted(maps.Keys(p.last)) {
-		u.Upserts = append(u.Upserts, p.last[id])
+		e := p.last[id].ep
+		if s := p.last[id].scrape; s != e.GetMetrics().GetScrapeUnixNano() {
+			e = &federationv1.Endpoint{Id: id, Spec: e.GetSpec(), Metrics: proto.CloneOf(e.GetMetrics())}
+			e.Metrics.ScrapeUnixNano = s
+		}
+		u.Upserts = append(u.Upserts, e)
 	}
 	u.CurrentUnixNano, u.Lagging = p.watermark(now)
 	return u
@@ -194,8 +231,13 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 			p.opts.Pool, req.GetPoolNamespace(), req.GetPoolName())
 	}
 	s := &subscription{ch: make(chan *federationv1.Update, p.opts.Buffer), cluster: cluster, overflow: make(chan struct{})}
+	local := p.opts.Local()
 	p.mu.Lock()
-	first := p.snapshot(time.Now())
+	now := time.Now()
+	if !p.synced {
+		p.diff(local, now)
+	}
+	first := p.snapshot(now)
 	p.subs[s] = struct{}{}
 	p.mu.Unlock()
 	defer func() {
@@ -208,6 +250,7 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 	p.opts.Log.Info("Peer subscribed", "peer", cluster, "endpoints", len(first.GetUpserts()))
 
 	var seq uint64
+	sentBytes, sentUpdates := bytesTotal.WithLabelValues(cluster, "sent"), updatesTotal.WithLabelValues(cluster, "sent")
 	send := func(u *federationv1.Update) error {
 		seq++
 		// Each stream numbers its own messages; the shared delta is copied
@@ -217,8 +260,8 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 		if err := stream.Send(msg); err != nil {
 			return err
 		}
-		bytesTotal.WithLabelValues(cluster, "sent").Add(float64(proto.Size(msg)))
-		updatesTotal.WithLabelValues(cluster, "sent").Inc()
+		sentBytes.Add(float64(proto.Size(msg)))
+		sentUpdates.Inc()
 		return nil
 	}
 	if err := send(first); err != nil {
@@ -263,15 +306,24 @@ func metricsOf(m *fwkdl.Metrics) *federationv1.EndpointMetrics {
 		KvCacheUsage:       min(max(m.KVCacheUsagePercent, 0), 1),
 		Cache: &federationv1.CacheConfig{BlockSize: clampUint32(m.CacheBlockSize), NumGpuBlocks: clampUint32(m.CacheNumBlocks),
 			MaxTokenCapacity: uint64(max(m.KvCacheMaxTokenCapacity, 0))},
+		ScrapeUnixNano: scrapeOf(m),
 	}
-	if !m.UpdateTime.IsZero() {
-		out.ScrapeUnixNano = m.UpdateTime.UnixNano()
-	}
-	if m.MaxActiveModels > 0 || len(m.ActiveModels) > 0 || len(m.WaitingModels) > 0 {
+	if hasLoRA(m) {
 		out.Lora = &federationv1.LoRAState{MaxAdapters: int32(min(m.MaxActiveModels, 1<<30)),
 			Running: adapters(m.ActiveModels), Waiting: adapters(m.WaitingModels)}
 	}
 	return out
+}
+
+func scrapeOf(m *fwkdl.Metrics) int64 {
+	if m.UpdateTime.IsZero() {
+		return 0
+	}
+	return m.UpdateTime.UnixNano()
+}
+
+func hasLoRA(m *fwkdl.Metrics) bool {
+	return m.MaxActiveModels > 0 || len(m.ActiveModels) > 0 || len(m.WaitingModels) > 0
 }
 
 func adapters(in map[string]int) map[string]uint32 {
@@ -290,11 +342,39 @@ func adapters(in map[string]int) map[string]uint32 {
 
 func clampUint32(n int) uint32 { return uint32(min(max(n, 0), 1<<31)) }
 
-// sameValues compares metrics without their scrape time, which changes on
-// every scrape and travels in the watermark instead.
-func sameValues(a, b *federationv1.EndpointMetrics) bool {
-	return a.GetNumRequestsWaiting() == b.GetNumRequestsWaiting() &&
-		a.GetNumRequestsRunning() == b.GetNumRequestsRunning() &&
-		a.GetKvCacheUsage() == b.GetKvCacheUsage() &&
-		proto.Equal(a.GetLora(), b.GetLora()) && proto.Equal(a.GetCache(), b.GetCache())
+// sameSpec reports whether spec was made of metadata equal to md.
+func sameSpec(spec *federationv1.EndpointSpec, md *fwkdl.EndpointMetadata) bool {
+	port, _ := strconv.ParseUint(md.GetPort(), 10, 16)
+	return spec.GetName() == md.NamespacedName.Name && spec.GetPodName() == md.PodName &&
+		spec.GetAddress() == md.GetIPAddress() && spec.GetPort() == uint32(port) && maps.Equal(spec.GetLabels(), md.Labels)
+}
+
+// sameValues reports whether sent carries m's values (metricsOf's, without
+// the scrape time).
+func sameValues(sent *federationv1.EndpointMetrics, m *fwkdl.Metrics) bool {
+	c := sent.GetCache()
+	if sent.GetNumRequestsWaiting() != clampUint32(m.WaitingQueueSize) || sent.GetNumRequestsRunning() != clampUint32(m.RunningRequestsSize) ||
+		sent.GetKvCacheUsage() != min(max(m.KVCacheUsagePercent, 0), 1) || c.GetBlockSize() != clampUint32(m.CacheBlockSize) ||
+		c.GetNumGpuBlocks() != clampUint32(m.CacheNumBlocks) || c.GetMaxTokenCapacity() != uint64(max(m.KvCacheMaxTokenCapacity, 0)) {
+		return false
+	}
+	l := sent.GetLora()
+	if !hasLoRA(m) {
+		return l == nil
+	}
+	return l != nil && l.GetMaxAdapters() == int32(min(m.MaxActiveModels, 1<<30)) &&
+		sameAdapters(l.GetRunning(), m.ActiveModels) && sameAdapters(l.GetWaiting(), m.WaitingModels)
+}
+
+// sameAdapters reports whether sent is what adapters(cur) may return.
+func sameAdapters(sent map[string]uint32, cur map[string]int) bool {
+	if len(sent) != min(len(cur), maxAdapters) {
+		return false
+	}
+	for name, n := range sent {
+		if v, ok := cur[name]; !ok || clampUint32(v) != n {
+			return false
+		}
+	}
+	return true
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/encoding"
@@ -163,7 +164,8 @@ func (s *Subscriber) stream(ctx context.Context, p Peer, origin *Origin) (string
 	defer conn.Close()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := &updateCodec{limits: s.opts.Limits, peer: p.Cluster}
+	c := &updateCodec{limits: s.opts.Limits, bytes: bytesTotal.WithLabelValues(p.Cluster, "received"),
+		updates: updatesTotal.WithLabelValues(p.Cluster, "received")}
 	st, err := federationv1.NewFederationClient(conn).Subscribe(ctx,
 		&federationv1.SubscribeRequest{PoolNamespace: s.opts.Pool.Namespace, PoolName: s.opts.Pool.Name, Cluster: s.opts.Cluster},
 		grpc.ForceCodecV2(c), grpc.MaxCallRecvMsgSize(s.opts.Limits.MaxMessageBytes))
@@ -175,11 +177,12 @@ func (s *Subscriber) stream(ctx context.Context, p Peer, origin *Origin) (string
 	// once its data would be stale anyway: heartbeats come far more often.
 	watchdog := time.AfterFunc(staleAfter, func() { cancel(errStale) })
 	defer watchdog.Stop()
+	held := remoteEndpoints.WithLabelValues(p.Cluster)
 	connected := false
 	defer func() {
 		if connected {
 			s.opts.Store.remove(p.Cluster, state)
-			remoteEndpoints.WithLabelValues(p.Cluster).Set(0)
+			held.Set(0)
 			peersConnected.Dec()
 		}
 	}()
@@ -204,7 +207,7 @@ func (s *Subscriber) stream(ctx context.Context, p Peer, origin *Origin) (string
 			s.opts.Store.set(p.Cluster, state)
 			s.opts.Log.Info("Federation stream up", "peer", p.Cluster, "endpoints", len(state.byID))
 		}
-		remoteEndpoints.WithLabelValues(p.Cluster).Set(float64(len(state.byID)))
+		held.Set(float64(len(state.byID)))
 	}
 }
 
@@ -214,8 +217,8 @@ var errStale = errors.New("no message within the staleness bound")
 // from a peer goes through the same validation the fuzz tests exercise, and
 // counts them. Requests are encoded with gRPC's proto codec.
 type updateCodec struct {
-	limits Limits
-	peer   string
+	limits         Limits
+	bytes, updates prometheus.Counter
 	// err is the last decoding error: gRPC reports it to Recv as an
 	// Internal status, this keeps it apart from transport errors.
 	err error
@@ -233,8 +236,8 @@ func (c *updateCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return encoding.GetCodecV2(grpcproto.Name).Unmarshal(data, v)
 	}
 	b := data.Materialize()
-	bytesTotal.WithLabelValues(c.peer, "received").Add(float64(len(b)))
-	updatesTotal.WithLabelValues(c.peer, "received").Inc()
+	c.bytes.Add(float64(len(b)))
+	c.updates.Inc()
 	if err := decodeInto(b, out, c.limits); err != nil {
 		c.err = err
 		return fmt.Errorf("%w: %w", errProtocol, err)
