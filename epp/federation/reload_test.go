@@ -58,8 +58,13 @@ func TestCredentialsFollowRotatedFilesAndKeepTheLastGoodPair(t *testing.T) {
 
 func TestDirectoryFileReloadsChangesAndKeepsTheLastValidVersion(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "peers.yaml")
+	// Replaced whole, as a mounted ConfigMap is: a file read while being
+	// rewritten in place could be empty, a valid directory of no peers.
 	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		if err := os.WriteFile(path+".new", []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".new", path); err != nil {
 			t.Fatal(err)
 		}
 	}
