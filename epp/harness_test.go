@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
+	eppconfig "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datalayer"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -112,16 +113,8 @@ func newHarness(t testing.TB, local, remote []fwkdl.Endpoint) *harness {
 func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoints, config string) *harness {
 	t.Helper()
 	RegisterPlugins()
-	raw, _, err := loader.LoadRawConfig([]byte(config), logr.Discard())
-	if err != nil {
-		t.Fatal(err)
-	}
+	handle, cfg := loadConfig(t, []byte(config))
 	ds := &fakeDatastore{local: local}
-	handle := fwkplugin.NewEppHandle(context.Background(), func() []types.NamespacedName { return nil })
-	cfg, err := loader.InstantiateAndConfigure(raw, handle, logr.Discard())
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := &harness{}
 	cands := &candidates{ds: ds, remote: remote, gate: spillFilter(handle),
 		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
@@ -133,6 +126,22 @@ func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoin
 		requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, cands), parser, cands, rc)
 	h.server = extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie}, parser)}
 	return h
+}
+
+// loadConfig instantiates an EndpointPickerConfig (GIE's default when
+// empty) with the registered plugins.
+func loadConfig(t testing.TB, config []byte) (fwkplugin.Handle, *eppconfig.Config) {
+	t.Helper()
+	raw, _, err := loader.LoadRawConfig(config, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle := fwkplugin.NewEppHandle(context.Background(), func() []types.NamespacedName { return nil })
+	cfg, err := loader.InstantiateAndConfigure(raw, handle, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return handle, cfg
 }
 
 // fakeStream is the EPP's side of one ext-proc stream.
