@@ -54,7 +54,7 @@ func main() {
 	flag.StringVar(&c.out, "out", "bench/results", "directory for epp.json, epp.md and the SVG plots")
 	flag.StringVar(&c.stock, "stock-epp", "bin/gie-epp", "GIE v1.5.0's stock EPP binary (sigs.k8s.io/gateway-api-inference-extension/cmd/epp)")
 	flag.StringVar(&c.epp, "epp", "", "fleetinfer's EPP binary (default: bin/epp)")
-	flag.IntVar(&c.reps, "reps", 3, "repetitions (results are medians)")
+	flag.IntVar(&c.reps, "reps", 7, "repetitions (results are medians, ratios medians of each repetition's)")
 	flag.IntVar(&c.seq, "seq", 2000, "sequential picks per phase")
 	flag.IntVar(&c.conc, "conc", 8, "concurrent pickers")
 	flag.IntVar(&c.concPicks, "conc-picks", 4000, "picks of the concurrent phase")
@@ -168,6 +168,7 @@ type variant struct {
 
 // run is one measured phase of one EPP process.
 type runResult struct {
+	Rep      int     `json:"rep"`
 	EPP      string  `json:"epp"`
 	Scenario string  `json:"scenario"` // headroom | saturated
 	Load     string  `json:"load"`     // sequential | concurrent
@@ -183,6 +184,9 @@ type runResult struct {
 	// (scraping and, for fleetinfer, the federation streams).
 	CPUPerPickUs float64 `json:"epp_cpu_us_per_pick"`
 	IdleCPU      float64 `json:"epp_idle_cpu_percent"`
+	// LoadAverage is the machine's 1-minute load average when the phase
+	// began.
+	LoadAverage float64 `json:"load_average"`
 	// Federation, fleetinfer only, over the phase.
 	LagP50Ms      float64            `json:"remote_age_p50_ms,omitempty"`
 	LagP99Ms      float64            `json:"remote_age_p99_ms,omitempty"`
@@ -250,9 +254,9 @@ func (e *eppProc) stop() {
 }
 
 // chunks is how many slices each phase is cut into, the EPPs taking turns
-// slice by slice, so that both see the same background load on a shared
-// machine.
-const chunks = 4
+// slice by slice (who goes first alternating), so that both see the same
+// background load on a shared machine.
+const chunks = 8
 
 // measureRep runs every phase on all EPPs at once.
 func measureRep(ctx context.Context, c config, variants []variant, rep int, kubeconfig string, servers *modelServers, dir string, reg *process.Registry) ([]runResult, error) {
@@ -294,7 +298,7 @@ func measureRep(ctx context.Context, c config, variants []variant, rep int, kube
 				}
 				accs[e] = &acc{before: m}
 			}
-			phaseStart := time.Now()
+			phaseStart, loadAvg := time.Now(), host.LoadAverage()
 			for chunk := range chunks {
 				order := slices.Clone(procs)
 				if (rep+chunk)%2 == 1 {
@@ -323,7 +327,7 @@ func measureRep(ctx context.Context, c config, variants []variant, rep int, kube
 					return nil, err
 				}
 				a.after = m
-				r := runResult{EPP: e.v.name, Scenario: scenario, Load: load, Picks: len(a.lat), Errors: a.errs,
+				r := runResult{Rep: rep, LoadAverage: loadAvg, EPP: e.v.name, Scenario: scenario, Load: load, Picks: len(a.lat), Errors: a.errs,
 					P50Ms: pct(a.lat, 50), P90Ms: pct(a.lat, 90), P99Ms: pct(a.lat, 99), PerSec: float64(len(a.lat)) / a.elapsed.Seconds(),
 					Remote: a.remote, CPUPerPickUs: float64(a.cpu.Microseconds()) / float64(max(len(a.lat), 1)), IdleCPU: idle[e]}
 				if e.v.federated > 0 {

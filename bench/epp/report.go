@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/fleetinfer/fleetinfer/internal/stats"
@@ -47,10 +48,17 @@ type summary struct {
 	BytesPerPeerS       float64
 }
 
+// ratio compares fleetinfer with stock in one phase: each repetition's
+// ratio (both EPPs measured in the same repetition, slice by slice), then
+// their median and range, so that a repetition spoiled by the machine's
+// other work spoils both of its EPPs rather than one side of a median.
 type ratio struct {
 	Scenario, Load string
-	// P99 and P50 are fleetinfer's over stock's; PerSec likewise.
-	P99, P50, PerSec float64
+	// P99, P50, PerSec and CPUPerPick are medians over repetitions of
+	// fleetinfer's over stock's.
+	P99, P50, PerSec, CPUPerPick float64
+	P99Min, P99Max               float64
+	P99PerRep                    []float64
 }
 
 func (r *results) summarize() {
@@ -95,16 +103,48 @@ func (r *results) summarize() {
 		byKey[k] = s
 		r.Summary = append(r.Summary, s)
 	}
+	type repKey struct {
+		rep                 int
+		epp, scenario, load string
+	}
+	byRep := map[repKey]runResult{}
+	for _, run := range r.Runs {
+		byRep[repKey{run.Rep, run.EPP, run.Scenario, run.Load}] = run
+	}
 	for _, k := range order {
 		if k.epp != "fleetinfer" {
 			continue
 		}
-		f, s := byKey[k], byKey[key{"gie-stock", k.scenario, k.load}]
-		if s.P99Ms == 0 {
+		q := ratio{Scenario: k.scenario, Load: k.load}
+		var p50, ps, cpu []float64
+		for _, f := range groups[k] {
+			s, ok := byRep[repKey{f.Rep, "gie-stock", k.scenario, k.load}]
+			if !ok || s.P99Ms == 0 || s.P50Ms == 0 || s.PerSec == 0 || s.CPUPerPickUs == 0 {
+				continue
+			}
+			q.P99PerRep = append(q.P99PerRep, f.P99Ms/s.P99Ms)
+			p50, ps, cpu = append(p50, f.P50Ms/s.P50Ms), append(ps, f.PerSec/s.PerSec), append(cpu, f.CPUPerPickUs/s.CPUPerPickUs)
+		}
+		if len(q.P99PerRep) == 0 {
 			continue
 		}
-		r.Ratios = append(r.Ratios, ratio{Scenario: k.scenario, Load: k.load, P99: f.P99Ms / s.P99Ms, P50: f.P50Ms / s.P50Ms, PerSec: f.PerSec / s.PerSec})
+		q.P99, q.P50, q.PerSec, q.CPUPerPick = stats.Median(q.P99PerRep), stats.Median(p50), stats.Median(ps), stats.Median(cpu)
+		q.P99Min, q.P99Max = slices.Min(q.P99PerRep), slices.Max(q.P99PerRep)
+		r.Ratios = append(r.Ratios, q)
 	}
+}
+
+// loadAverages returns the lowest, median and highest 1-minute load average
+// at the start of the phases.
+func (r *results) loadAverages() (lo, med, hi float64) {
+	var l []float64
+	for _, run := range r.Runs {
+		l = append(l, run.LoadAverage)
+	}
+	if len(l) == 0 {
+		return 0, 0, 0
+	}
+	return slices.Min(l), stats.Median(l), slices.Max(l)
 }
 
 func (r *results) write(dir string) error {
@@ -131,10 +171,11 @@ func (r *results) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# EPP benchmark: fleetinfer (federated view of %d pods) vs GIE v1.5.0 stock (%d local pods)\n\n",
 		r.Setup.FederatedAll, r.Setup.LocalPods)
-	fmt.Fprintf(&b, "Written by `make bench` (bench/epp) on %s, %s, in %s. Medians of %d repetitions. Both EPPs run side by side throughout a repetition and take turns in four slices of every phase, so that both see the same background load; only one is picked from at a time.\n\n",
-		r.Machine, r.Started, r.Duration, r.Setup.Repetitions)
-	fmt.Fprintf(&b, "The machine's 1-minute load average was %.1f at the start and %.1f at the end (2 cores; other work on the machine inflates tails).\n\n",
-		r.LoadAverage[0], r.LoadAverage[1])
+	fmt.Fprintf(&b, "Written by `make bench-epp` (`go run ./bench/epp`) on %s, %s, in %s. %d repetitions, each starting both EPPs afresh. Both EPPs run side by side throughout a repetition and take turns in %d slices of every phase (who goes first alternating), so that both see the same background load; only one is picked from at a time. Figures per EPP are medians over repetitions; ratios are each repetition's fleetinfer/stock ratio, then their median (and range).\n\n",
+		r.Machine, r.Started, r.Duration, r.Setup.Repetitions, chunks)
+	lo, med, hi := r.loadAverages()
+	fmt.Fprintf(&b, "The machine is shared: its 1-minute load average was %.1f at the start and %.1f at the end, and %.1f–%.1f (median %.1f) at the start of the phases, on 2 cores. Other work inflates tails, unevenly from one repetition to the next; the ratios within a repetition are the robust figures.\n\n",
+		r.LoadAverage[0], r.LoadAverage[1], lo, hi, med)
 	fmt.Fprintf(&b, "Setup: %d local pods; fleetinfer also federates with %d peers × %d pods. %d sequential picks, then %s, per phase. %s\n\n",
 		r.Setup.LocalPods, r.Setup.Peers, r.Setup.PodsPerPeer, r.Setup.Sequential, r.Setup.Concurrent, r.Setup.Notes)
 	b.WriteString("Pick latency is from sending the request headers to receiving their answer on one ext-proc stream (what Envoy waits), " +
@@ -146,13 +187,14 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %.2f | %.0f | %.0f%% | %.0f | %.0f%% |\n",
 			s.EPP, s.Scenario, s.Load, s.P50Ms, s.P99Ms, s.PerSec, 100*s.RemoteShare, s.CPUPerPickUs, s.IdleCPU)
 	}
-	b.WriteString("\n## fleetinfer / stock\n\nTarget: p99 at most 1.1× stock's.\n\n| local pods | load | p99 ratio | p50 ratio | picks/s ratio | p99 target |\n|---|---|---|---|---|---|\n")
+	b.WriteString("\n## fleetinfer / stock\n\nTarget: p99 at most 1.1× stock's. Medians of the repetitions' ratios; the p99 ratio's range over repetitions in brackets.\n\n" +
+		"| local pods | load | p99 ratio | p50 ratio | picks/s ratio | EPP CPU/pick ratio | p99 target |\n|---|---|---|---|---|---|---|\n")
 	for _, q := range r.Ratios {
 		verdict := "met"
 		if q.P99 > 1.1 {
 			verdict = "missed"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %.2f | %s |\n", q.Scenario, q.Load, q.P99, q.P50, q.PerSec, verdict)
+		fmt.Fprintf(&b, "| %s | %s | %.2f (%.2f–%.2f) | %.2f | %.2f | %.2f | %s |\n", q.Scenario, q.Load, q.P99, q.P99Min, q.P99Max, q.P50, q.PerSec, q.CPUPerPick, verdict)
 	}
 	b.WriteString("\n## Federation freshness and traffic (fleetinfer)\n\n" +
 		"Age of remote data at pick time: for each pick that considers remote pods, the stalest of each peer's pods in the federated view, from the peer's scrape to the pick " +
@@ -249,7 +291,7 @@ func (r *results) freshnessSVG() string {
 		x := float64(left) + slot*float64(i) + slot*0.2
 		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="#d0703c" fill-opacity="0.35"/>`+"\n", x, y(run.LagP99Ms), slot*0.6, float64(h-bottom)-y(run.LagP99Ms))
 		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="#d0703c"/>`+"\n", x+slot*0.15, y(run.LagP50Ms), slot*0.3, float64(h-bottom)-y(run.LagP50Ms))
-		fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="middle">rep %d %s</text>`+"\n", x+slot*0.3, h-bottom+15, i/2+1, run.Load[:3])
+		fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="middle">rep %d %s</text>`+"\n", x+slot*0.3, h-bottom+15, run.Rep+1, run.Load[:3])
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
