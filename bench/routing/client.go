@@ -19,12 +19,16 @@ type result struct {
 	At    time.Duration `json:"at_ms"`
 	Entry int           `json:"entry"`
 	// Served is the cluster of the pod that answered, -1 when none did.
-	Served   int           `json:"served"`
-	TTFT     time.Duration `json:"ttft_ms"`
-	Total    time.Duration `json:"total_ms"`
-	Tokens   int           `json:"tokens"`
-	Attempts int           `json:"attempts"`
-	Err      string        `json:"err,omitempty"`
+	Served int           `json:"served"`
+	TTFT   time.Duration `json:"ttft_ms"`
+	Total  time.Duration `json:"total_ms"`
+	Tokens int           `json:"tokens"`
+	// PromptTokens and CachedTokens are the simulator's usage report: the
+	// prompt's tokens and those found in its prefix cache.
+	PromptTokens int    `json:"prompt_tokens"`
+	CachedTokens int    `json:"cached_tokens"`
+	Attempts     int    `json:"attempts"`
+	Err          string `json:"err,omitempty"`
 	// SendLag is how late the request left after its arrival time.
 	SendLag time.Duration `json:"send_lag_ms"`
 }
@@ -63,7 +67,7 @@ func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Tim
 		}
 	}()
 	body, _ := json.Marshal(map[string]any{"model": "llama", "prompt": a.Prompt, "max_tokens": c.maxTokens,
-		"stream": true, "ignore_eos": true})
+		"stream": true, "ignore_eos": true, "stream_options": map[string]any{"include_usage": true}})
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	for res.Attempts < r.attempts() {
@@ -117,8 +121,8 @@ func (c *loadClient) attempt(ctx context.Context, t target, body []byte, start t
 	if cl, ok := c.podCluster[resp.Header.Get("X-Inference-Pod")]; ok {
 		res.Served = cl
 	}
-	n, err := readStream(resp.Body, func() { res.TTFT = time.Since(start) - res.At })
-	res.Tokens = n
+	n, u, err := readStream(resp.Body, func() { res.TTFT = time.Since(start) - res.At })
+	res.Tokens, res.PromptTokens, res.CachedTokens = n, u.PromptTokens, u.Details.CachedTokens
 	res.Total = time.Since(start) - res.At
 	if err == nil && n == 0 {
 		err = errors.New("no tokens")
@@ -126,12 +130,23 @@ func (c *loadClient) attempt(ctx context.Context, t target, body []byte, start t
 	return false, err
 }
 
+// usage is the usage report of a stream's last event (stream_options
+// include_usage).
+type usage struct {
+	PromptTokens int `json:"prompt_tokens"`
+	Details      struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
 // readStream reads an OpenAI completions SSE stream, calling first at the
-// first event that carries text, and returns the number of such events.
-func readStream(r io.Reader, first func()) (int, error) {
+// first event that carries text, and returns the number of such events and
+// the usage reported.
+func readStream(r io.Reader, first func()) (int, usage, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	n := 0
+	var u usage
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data:")
 		if !ok {
@@ -139,15 +154,19 @@ func readStream(r io.Reader, first func()) (int, error) {
 		}
 		data = strings.TrimSpace(data)
 		if data == "[DONE]" {
-			return n, nil
+			return n, u, nil
 		}
 		var ev struct {
 			Choices []struct {
 				Text string `json:"text"`
 			} `json:"choices"`
+			Usage *usage `json:"usage"`
 		}
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			return n, fmt.Errorf("malformed event: %w", err)
+			return n, u, fmt.Errorf("malformed event: %w", err)
+		}
+		if ev.Usage != nil {
+			u = *ev.Usage
 		}
 		if len(ev.Choices) == 0 || ev.Choices[0].Text == "" {
 			continue
@@ -158,9 +177,9 @@ func readStream(r io.Reader, first func()) (int, error) {
 		n++
 	}
 	if err := sc.Err(); err != nil {
-		return n, err
+		return n, u, err
 	}
-	return n, errors.New("stream ended without [DONE]")
+	return n, u, errors.New("stream ended without [DONE]")
 }
 
 // runLoad sends the arrivals open-loop from start (each at its time,

@@ -32,11 +32,10 @@ type results struct {
 }
 
 type setup struct {
-	Repetitions int     `json:"repetitions"`
-	RunSeconds  float64 `json:"arrival_window_s"`
-	MaxTokens   int     `json:"max_tokens"`
-	SLOMs       float64 `json:"ttft_slo_ms"`
-	SimArgs     string  `json:"simulator_args"`
+	RunSeconds float64 `json:"arrival_window_s"`
+	MaxTokens  int     `json:"max_tokens"`
+	SLOMs      float64 `json:"ttft_slo_ms"`
+	SimArgs    string  `json:"simulator_args"`
 }
 
 // runResult is one policy's run of one scenario.
@@ -60,6 +59,9 @@ type runResult struct {
 	// CrossShare is the share of completed requests served in another
 	// cluster than the one they entered.
 	CrossShare float64 `json:"cross_cluster_share"`
+	// CacheHit is the share of prompt tokens the simulators found in their
+	// prefix caches.
+	CacheHit float64 `json:"prefix_cache_hit"`
 	// Served counts completed requests per serving cluster.
 	Served   []int          `json:"served_per_cluster"`
 	ErrKinds map[string]int `json:"errors_by_kind,omitempty"`
@@ -77,13 +79,13 @@ type runResult struct {
 }
 
 func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Duration, wall time.Duration) runResult {
-	secs := int(window/time.Second) + 1
+	secs := int((window + time.Second - 1) / time.Second)
 	r := runResult{Scenario: sc.Name, Policy: pol, Rep: rep, Requests: len(out), Served: make([]int, len(sc.Replicas)),
 		ErrKinds: map[string]int{}, GoodPerSecond: make([]int, secs), ErrPerSecond: make([]int, secs), WallS: wall.Seconds(),
 		LoadAverage: host.LoadAverage()}
 	var ttft []float64
 	var span time.Duration
-	good, cross, served := 0, 0, 0
+	good, cross, served, prompt, cached := 0, 0, 0, 0, 0
 	for _, x := range out {
 		span = max(span, x.At+x.Total)
 		r.MaxSendLagMs = max(r.MaxSendLagMs, ms(x.SendLag))
@@ -96,6 +98,7 @@ func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Dur
 		}
 		r.OK++
 		ttft = append(ttft, ms(x.TTFT))
+		prompt, cached = prompt+x.PromptTokens, cached+x.CachedTokens
 		if x.TTFT <= slo {
 			good++
 			r.GoodPerSecond[sec]++
@@ -118,6 +121,9 @@ func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Dur
 	}
 	if served > 0 {
 		r.CrossShare = float64(cross) / float64(served)
+	}
+	if prompt > 0 {
+		r.CacheHit = float64(cached) / float64(prompt)
 	}
 	return r
 }
@@ -153,7 +159,12 @@ type summary struct {
 	Goodput    float64 `json:"goodput_rps"`
 	WithinSLO  float64 `json:"within_slo"`
 	CrossShare float64 `json:"cross_cluster_share"`
+	CacheHit   float64 `json:"prefix_cache_hit"`
 	ErrorShare float64 `json:"error_share"`
+	// LoadAverage and SendLagMs are medians of the runs' figures.
+	LoadAverage float64 `json:"load_average"`
+	SendLagMs   float64 `json:"max_send_lag_ms"`
+	Runs        int     `json:"runs"`
 }
 
 // verdict is the issue's bar for the hot-cluster scenario: fleetinfer's p99
@@ -166,7 +177,7 @@ type verdict struct {
 
 func (r *results) summarize() {
 	c := r.Config
-	r.Setup = setup{Repetitions: c.reps, RunSeconds: c.duration.Seconds(), MaxTokens: c.maxTokens, SLOMs: ms(c.slo), SimArgs: simLatency}
+	r.Setup = setup{RunSeconds: c.duration.Seconds(), MaxTokens: c.maxTokens, SLOMs: ms(c.slo), SimArgs: simLatency}
 	type key struct{ sc, pol string }
 	groups := map[key][]runResult{}
 	var order []key
@@ -179,14 +190,17 @@ func (r *results) summarize() {
 	}
 	p99 := map[key]float64{}
 	for _, k := range order {
-		var p50s, p99s, tp, gp, slo, cross, errs []float64
+		var p50s, p99s, tp, gp, slo, cross, hit, errs, load, lag []float64
 		for _, run := range groups[k] {
 			p50s, p99s = append(p50s, run.P50Ms), append(p99s, run.P99Ms)
 			tp, gp, slo = append(tp, run.Throughput), append(gp, run.Goodput), append(slo, run.WithinSLO)
 			cross, errs = append(cross, run.CrossShare), append(errs, float64(run.Errors)/float64(max(run.Requests, 1)))
+			hit = append(hit, run.CacheHit)
+			load, lag = append(load, run.LoadAverage), append(lag, run.MaxSendLagMs)
 		}
 		s := summary{Scenario: k.sc, Policy: k.pol, P50Ms: stats.Median(p50s), P99Ms: stats.Median(p99s), Throughput: stats.Median(tp),
-			Goodput: stats.Median(gp), WithinSLO: stats.Median(slo), CrossShare: stats.Median(cross), ErrorShare: stats.Median(errs)}
+			Goodput: stats.Median(gp), WithinSLO: stats.Median(slo), CrossShare: stats.Median(cross), CacheHit: stats.Median(hit), ErrorShare: stats.Median(errs),
+			LoadAverage: stats.Median(load), SendLagMs: stats.Median(lag), Runs: len(groups[k])}
 		p99[k] = s.P99Ms
 		r.Summary = append(r.Summary, s)
 	}
@@ -245,8 +259,9 @@ func (r *results) markdown() string {
 	b.WriteString("# Routing benchmark: five policies, four scenarios, one local fleet\n\n")
 	fmt.Fprintf(&b, "Written by `make bench-routing` (`go run ./bench/routing -out bench/results -stock-epp bin/gie-epp`, bench/routing) on %s, started %s, in %s "+
 		"(fleet start-up %s). The machine's 1-minute load average was %.1f at the start and %.1f at the end (2 cores, shared with other work: "+
-		"compare policies within a scenario, which ran back to back, rather than absolute figures). %d repetition(s) of every run; figures are medians over them.\n\n",
-		r.Machine, r.Started, r.Duration, r.FleetStartup, r.LoadAverage[0], r.LoadAverage[1], r.Setup.Repetitions)
+		"compare policies within a scenario, which ran back to back, rather than absolute figures). Each scenario states its repetitions; figures are medians over them, "+
+		"and each repetition starts with the next policy in turn.\n\n",
+		r.Machine, r.Started, r.Duration, r.FleetStartup, r.LoadAverage[0], r.LoadAverage[1])
 	b.WriteString("## Setup\n\n")
 	fmt.Fprintf(&b, "Three clusters (%s), each a real kube-apiserver with a local kubelet, and each its local gateway (Envoy's ext-proc exchange). "+
 		"Model servers are `llm-d-inference-sim` v0.10.2 pods on loopback addresses with a latency model: `%s` and per cluster `--max-num-seqs`. "+
@@ -256,7 +271,8 @@ func (r *results) markdown() string {
 		strings.Join(r.Clusters, ", "), r.Setup.SimArgs, r.Setup.MaxTokens, r.Setup.RunSeconds)
 	fmt.Fprintf(&b, "SLO: TTFT ≤ %.0f ms. Goodput counts completed requests within it per second; \"within SLO\" is their share of all arrivals (failures count against it). "+
 		"Throughput counts completed requests per second. Both divide by the span from the first arrival to the last request's end. "+
-		"Cross-cluster is the share of completed requests served by a pod (the simulator's `x-inference-pod`) of another cluster than the one they entered.\n\n", r.Setup.SLOMs)
+		"Cross-cluster is the share of completed requests served by a pod (the simulator's `x-inference-pod`) of another cluster than the one they entered. "+
+		"Prefix-cache hits is the share of prompt tokens the simulators found cached (their usage report, `stream_options.include_usage`).\n\n", r.Setup.SLOMs)
 	b.WriteString("Both pickers run in every cluster throughout every run, each scraping the same pods every 50 ms (GIE's default): a second InferencePool over the model servers, " +
 		"picked by the stock EPP, sits next to fleetinfer's, each with its own HTTPRoute host on the same gateway. The stock EPP is a pod of each cluster, run by a second local kubelet " +
 		"on a tainted node, since the fleet's kubelet runs only fleetinfer's EPP image.\n\n")
@@ -267,24 +283,24 @@ func (r *results) markdown() string {
 	b.WriteString("\n")
 	b.WriteString(skyServeNote)
 	b.WriteString("\nfleetinfer's EPP configuration in every cluster:\n\n```yaml\n" + r.FleetEPPConfig + "```\n\n")
-	b.WriteString("Scenarios:\n\n| scenario | pods per cluster | --max-num-seqs | arrivals per cluster | rate | prompts |\n|---|---|---|---|---|---|\n")
+	b.WriteString("Scenarios:\n\n| scenario | pods per cluster | --max-num-seqs | KV blocks per pod | arrivals per cluster | rate | prompts | repetitions |\n|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Scenarios {
 		prompts := fmt.Sprintf("%d unique tokens", s.PromptWords)
 		if s.Prefixes > 0 {
 			prompts = fmt.Sprintf("one of %d shared %d-token prefixes + %d unique tokens", s.Prefixes, s.PrefixWords, s.PromptWords)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.0f/s | %s |\n", s.Title, join(s.Replicas), join(s.MaxNumSeqs), shares(s.Entry), s.Rate, prompts)
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %.0f/s | %s | %d |\n", s.Title, join(s.Replicas), join(s.MaxNumSeqs), s.KVBlocks, shares(s.Entry), s.Rate, prompts, s.Reps)
 	}
-	b.WriteString("\n" + lossNote + "\n")
+	fmt.Fprintf(&b, "\n"+lossNote+"\n", r.Setup.RunSeconds/2)
 	b.WriteString("## Results\n\n")
 	for _, s := range r.Scenarios {
-		fmt.Fprintf(&b, "### %s\n\n| policy | TTFT p50 ms | TTFT p99 ms | throughput req/s | goodput req/s | within SLO | errors | cross-cluster |\n|---|---|---|---|---|---|---|---|\n", s.Title)
+		fmt.Fprintf(&b, "### %s\n\n| policy | TTFT p50 ms | TTFT p99 ms | throughput req/s | goodput req/s | within SLO | errors | cross-cluster | prefix-cache hits | runs | load average | send lag ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", s.Title)
 		for _, m := range r.Summary {
 			if m.Scenario != s.Name {
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f%% |\n", m.Policy, m.P50Ms, m.P99Ms, m.Throughput, m.Goodput,
-				100*m.WithinSLO, 100*m.ErrorShare, 100*m.CrossShare)
+			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f%% | %.0f%% | %d | %.1f | %.0f |\n", m.Policy, m.P50Ms, m.P99Ms, m.Throughput, m.Goodput,
+				100*m.WithinSLO, 100*m.ErrorShare, 100*m.CrossShare, 100*m.CacheHit, m.Runs, m.LoadAverage, m.SendLagMs)
 		}
 		b.WriteString("\n")
 	}
@@ -296,6 +312,7 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "## The issue's bar (hot cluster)\n\nfleetinfer's p99 TTFT over each other policy's, same run: **%.2f× gie-local** (bar ≤ 0.5), **%.2f× round-robin** (bar < 1), "+
 			"**%.2f× least-load** (bar < 1), **%.2f× oracle** (bar ≤ 1.2): %s.\n\n", v.VsLocal, v.VsRoundRobin, v.VsLeastLoad, v.VsOracle, met)
 	}
+	b.WriteString(r.reading())
 	b.WriteString("![TTFT per scenario and policy](routing-ttft.svg)\n\n![requests within the SLO per second, cluster lost halfway](routing-timeline.svg)\n\n")
 	b.WriteString("## Runs\n\nLoad average: the machine's 1-minute load average at the end of the run. Send lag: the longest an arrival left after its time " +
 		"(the load generator short of CPU; its requests' TTFT includes it).\n\n" +
@@ -312,6 +329,50 @@ func (r *results) markdown() string {
 	return b.String()
 }
 
+// reading explains the figures: the mechanisms behind them, with this
+// run's numbers.
+func (r *results) reading() string {
+	get := func(sc, pol string) summary {
+		for _, m := range r.Summary {
+			if m.Scenario == sc && m.Policy == pol {
+				return m
+			}
+		}
+		return summary{}
+	}
+	hotF, hotRR, hotO := get("hot-cluster", "fleetinfer"), get("hot-cluster", "round-robin"), get("hot-cluster", "oracle")
+	lostLL, lostRR, lostF := get("cluster-lost", "least-load"), get("cluster-lost", "round-robin"), get("cluster-lost", "fleetinfer")
+	var b strings.Builder
+	b.WriteString("## Reading the results\n\n")
+	fmt.Fprintf(&b, "**Hot cluster.** fleetinfer serves a request in the cluster it enters while a local pod has headroom, so east's pods run at the edge "+
+		"of it while west and central idle: %.0f%% of its requests crossed clusters, against %.0f%% for round-robin and %.0f%% for the oracle. That is the "+
+		"design (local first, a network cost for remote pods) and it costs tail latency here: between two 50 ms scrapes every pick sees the same metrics, "+
+		"so a burst lands on the pod that looked emptiest, and a request that finds its batch full waits for a slot, several hundred milliseconds; those "+
+		"waits make fleetinfer's p99 (%.0f ms, p50 %.0f ms). The oracle counts requests in flight exactly and never "+
+		"queues (p99 %.0f ms); SkyServe's load balancer also counts its own requests exactly, per cluster, and with three equal clusters even "+
+		"round-robin is a fair split (p99 %.0f ms). On loopback a cross-cluster hop costs nothing; between regions each of those crossings would add a "+
+		"round trip to its TTFT, which this benchmark does not model. GIE v1.5.0 has the piece that would close the gap between scrapes, the "+
+		"`inflight-load-producer` with the `token-load-scorer` (the picker's own requests in flight per pod), but its data-dependency check rejects "+
+		"the pair (\"data type mismatch between produced and consumed data for key: InFlightLoadKey\"), in the stock EPP and in fleetinfer's alike.\n\n",
+		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotF.P50Ms, hotO.P99Ms, hotRR.P99Ms)
+	b.WriteString("**Unequal capacity.** Round-robin gives the one-pod cluster a third of the requests whatever its size; least-load sends fewer there " +
+		"only as its requests pile up. fleetinfer and the oracle see pods, not clusters.\n\n")
+	fmt.Fprintf(&b, "**Cluster lost.** The pickers of the clusters that remain drop the lost cluster's pods when its picker's stream breaks, so fleetinfer "+
+		"loses only the requests in flight there (%.1f%% of its requests failed). SkyServe keeps the lost gateway in its ready set until the next sync; "+
+		"a connection to it is refused at once, so under `LeastLoadPolicy` it always has the least load and attracts every request, each tried three "+
+		"times over 2.6 s before failing (%.0f%% failed), while round-robin fails only the attempts whose turn it is (%.0f%%).\n\n",
+		100*lostF.ErrorShare, 100*lostLL.ErrorShare, 100*lostRR.ErrorShare)
+	pl, pf, po := get("prefix-heavy", "gie-local"), get("prefix-heavy", "fleetinfer"), get("prefix-heavy", "oracle")
+	fmt.Fprintf(&b, "**Prefix-heavy.** The GIE-based pickers score prefix-cache affinity, the oracle does not: %.0f%% of prompt tokens were "+
+		"cache hits under cluster-local GIE, %.0f%% under fleetinfer, %.0f%% under the oracle. Affinity also piles a prefix's requests onto one pod, "+
+		"so hits and queueing pull TTFT opposite ways. fleetinfer stays local unless a local batch is half full, so it does not reach for the "+
+		"fleet's larger cache either.\n\n", 100*pl.CacheHit, 100*pf.CacheHit, 100*po.CacheHit)
+	b.WriteString("**Noise.** This machine has 2 cores and other work ran beside the benchmark (load averages and the load generator's send lag " +
+		"are in the tables): a run whose send lag reaches hundreds of milliseconds had everything on the machine stalled for about as long, " +
+		"which shows as a TTFT tail whatever the policy. Read single-run tails with that in mind.\n\n")
+	return b.String()
+}
+
 const skyServeNote = "SkyServe, as read in skypilot-org/skypilot `sky/serve/load_balancing_policies.py` (`LeastLoadPolicy`, registered with `default=True`; " +
 	"`RoundRobinPolicy`) and `sky/serve/load_balancer.py` / `constants.py`: the load balancer is the one entry every request passes; `LeastLoadPolicy` keeps `load_map`, " +
 	"the requests in flight per replica as the load balancer counts them itself (`pre_execute_hook` +1 on dispatch, `post_execute_hook` −1 when the proxied stream ends), " +
@@ -324,7 +385,8 @@ const skyServeNote = "SkyServe, as read in skypilot-org/skypilot `sky/serve/load
 const lossNote = "Cluster lost: at the middle of each run every process of central's pods (model servers, both pickers) gets SIGKILL, its Deployment is scaled to zero and " +
 	"its gateway stops; each policy runs on a fresh deployment. Requests in flight there fail. From then on arrivals that would enter central enter east and west instead " +
 	"(a global load balancer or DNS health check in front of the gateways is assumed to steer them at once: a slower one would fail them for (a) and (d) until it reacts). " +
-	"SkyServe's load balancer keeps central in its ready set until its next sync, 20 s after the run's start, here the end of the run: the expected 10 s for a 20 s period.\n"
+	"SkyServe's load balancer syncs its ready set at the run's start and every 20 s after, so it keeps central for the remaining %.0f s of the run, " +
+	"close to the 10 s a 20 s period costs on average.\n"
 
 func join[T any](v []T) string {
 	s := make([]string, len(v))

@@ -182,13 +182,18 @@ func TestReadStream(t *testing.T) {
 		err          string
 	}{
 		{"tokens", "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n", 2, ""},
+		{"usage", "data: {\"choices\":[{\"text\":\"a\"}],\"usage\":null}\n\n" +
+			"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":850,\"prompt_tokens_details\":{\"cached_tokens\":800}}}\n\ndata: [DONE]\n", 1, ""},
 		{"empty text is not a token", "data: {\"choices\":[{\"text\":\"\"}]}\n\ndata: {\"choices\":[{\"text\":\"x\"}]}\n\ndata: [DONE]\n", 1, ""},
 		{"cut short", "data: {\"choices\":[{\"text\":\"a\"}]}\n\n", 1, "without [DONE]"},
 		{"malformed", "data: {\n\n", 0, "malformed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			firsts := 0
-			n, err := readStream(strings.NewReader(tc.stream), func() { firsts++ })
+			n, u, err := readStream(strings.NewReader(tc.stream), func() { firsts++ })
+			if tc.name == "usage" && (u.PromptTokens != 850 || u.Details.CachedTokens != 800) {
+				t.Errorf("usage %+v, want 850 prompt tokens, 800 cached", u)
+			}
 			if n != tc.tokens || firsts != min(n, 1) {
 				t.Errorf("%d tokens, first called %d times; want %d tokens", n, firsts, tc.tokens)
 			}
@@ -218,7 +223,7 @@ func TestRunSummary(t *testing.T) {
 	if r.CrossShare != 1.0/3 || !slices.Equal(r.Served, []int{1, 2}) {
 		t.Fatalf("cross %v served %v", r.CrossShare, r.Served)
 	}
-	if r.P50Ms != 300 || !slices.Equal(r.GoodPerSecond, []int{2, 0, 0}) || !slices.Equal(r.ErrPerSecond, []int{0, 1, 0}) {
+	if r.P50Ms != 300 || !slices.Equal(r.GoodPerSecond, []int{2, 0}) || !slices.Equal(r.ErrPerSecond, []int{0, 1}) {
 		t.Fatalf("p50 %v good %v errors %v", r.P50Ms, r.GoodPerSecond, r.ErrPerSecond)
 	}
 }

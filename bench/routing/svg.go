@@ -76,7 +76,7 @@ func (r *results) ttftSVG() string {
 func (r *results) timelineSVG() string {
 	const w, h, top, bottom, left, right = 760, 320, 60, 40, 50, 20
 	var b strings.Builder
-	svgHeader(&b, w, h, "Cluster lost halfway: requests within the TTFT SLO per second of arrival (first repetition)")
+	svgHeader(&b, w, h, "Cluster lost halfway: requests within the TTFT SLO per second of arrival (lines overlap where policies keep up)")
 	svgLegend(&b, left, 42)
 	var runs []runResult
 	for _, run := range r.Runs {

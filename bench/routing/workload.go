@@ -11,6 +11,8 @@ import (
 type scenario struct {
 	Name  string `json:"name"`
 	Title string `json:"title"`
+	// Reps is how many times each policy runs it.
+	Reps int `json:"repetitions"`
 	// Replicas and batch capacity (the simulator's --max-num-seqs) per
 	// cluster, in the fleet's spoke order.
 	Replicas   []int32 `json:"replicas"`
