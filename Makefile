@@ -20,6 +20,7 @@ CONTROLLER_GEN_VERSION := $(call modversion,controller-gen,sigs.k8s.io/controlle
 PROTOBUF_VERSION := $(call modversion,protogen,google.golang.org/protobuf)
 GRPC_GEN_VERSION := $(strip $(call modversion,protogen,google.golang.org/grpc/cmd/protoc-gen-go-grpc))
 PROTOCOMPILE_VERSION := $(call modversion,protogen,github.com/bufbuild/protocompile)
+LWS_VERSION := $(call modversion,lws,sigs.k8s.io/lws)
 
 KUBE_DIR := $(BIN)/kube-$(KUBE_VERSION)
 KUBE_BINS := $(addprefix $(KUBE_DIR)/,kube-apiserver kube-controller-manager kube-scheduler kubectl)
@@ -28,6 +29,8 @@ SIM := $(BIN)/sim-$(SIM_VERSION)/llm-d-inference-sim
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 PROTOGEN_DIR := $(BIN)/protogen-$(PROTOCOMPILE_VERSION)-$(PROTOBUF_VERSION)-$(GRPC_GEN_VERSION)
 PROTOGEN := $(PROTOGEN_DIR)/protogen
+LWS_DIR := $(BIN)/lws-$(LWS_VERSION)
+LWS_FILES := $(addprefix $(LWS_DIR)/,lws webhook.yaml role.yaml)
 FUZZTIME ?= 5s
 KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
@@ -40,7 +43,7 @@ all: build
 help: ## List targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-tools: $(KUBE_BINS) $(ETCD) $(SIM) $(CONTROLLER_GEN) $(PROTOGEN) ## Build the pinned control plane, simulator and generators (once per version).
+tools: $(KUBE_BINS) $(ETCD) $(SIM) $(CONTROLLER_GEN) $(PROTOGEN) $(LWS_FILES) ## Build the pinned control plane, simulator, LeaderWorkerSet controller and generators (once per version).
 
 $(KUBE_BINS) &:
 	@echo "==> building Kubernetes $(KUBE_VERSION) control plane (first time only, several minutes)"
@@ -55,6 +58,18 @@ $(ETCD):
 $(SIM):
 	@echo "==> building llm-d-inference-sim $(SIM_VERSION)"
 	cd hack/tools/sim && go build -trimpath -o $@ github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim
+
+# The LeaderWorkerSet controller with its webhook configurations and ClusterRole
+# from the same module: kustomize renders config/webhook as LWS's own install
+# does (the pod webhooks only see pods of a LeaderWorkerSet).
+$(LWS_FILES) &: | $(KUBE_BINS)
+	@echo "==> building LeaderWorkerSet controller $(LWS_VERSION)"
+	cd hack/tools/lws && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$(LWS_VERSION)" \
+		-o $(LWS_DIR)/lws sigs.k8s.io/lws/cmd
+	src=$$(cd hack/tools/lws && go list -m -f '{{.Dir}}' sigs.k8s.io/lws) && \
+	$(KUBE_DIR)/kubectl kustomize "$$src/config/webhook" > $(LWS_DIR)/webhook.yaml.tmp && \
+	mv $(LWS_DIR)/webhook.yaml.tmp $(LWS_DIR)/webhook.yaml && \
+	install -m 0644 "$$src/config/rbac/role.yaml" $(LWS_DIR)/role.yaml
 
 $(CONTROLLER_GEN):
 	@echo "==> building controller-gen $(CONTROLLER_GEN_VERSION)"

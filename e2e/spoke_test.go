@@ -2,21 +2,13 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
-	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
-	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 )
 
@@ -39,33 +31,8 @@ func serveKServeCPUSample(t *testing.T, spoke *fleet.Cluster) corev1.Pod {
 	t.Helper()
 	ns := namespace(t, spoke)
 	ctx := context.Background()
-	b, err := os.ReadFile(cpuSample)
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(b, &obj.Object); err != nil {
-		t.Fatal(err)
-	}
-	obj.SetNamespace(ns)
-	if err := spoke.Client.Create(ctx, obj); err != nil {
-		t.Fatal(err)
-	}
-	name := obj.GetName()
-	svc := &v1alpha2.LLMInferenceService{}
-	eventually(t, 90*time.Second, "Ready", func(ctx context.Context) error {
-		if err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
-			return err
-		}
-		if !svc.Status.IsTrue(v1alpha2.Ready) {
-			var parts []string
-			for _, c := range svc.Status.Conditions {
-				parts = append(parts, fmt.Sprintf("%s=%s %s", c.Type, c.Status, c.Message))
-			}
-			return fmt.Errorf("not ready: %s", strings.Join(parts, "; "))
-		}
-		return nil
-	})
+	name := applySample(t, spoke, cpuSample, ns)
+	svc := serviceReady(t, spoke, ns, name, 90*time.Second)
 
 	workload := readyPod(t, spoke, ns, map[string]string{"app.kubernetes.io/name": name, "kserve.io/component": "workload"})
 	if !strings.HasPrefix(workload.Status.PodIP, "127.") {
@@ -83,21 +50,7 @@ func serveKServeCPUSample(t *testing.T, spoke *fleet.Cluster) corev1.Pod {
 	if !strings.HasPrefix(url, "http://127.") || !strings.HasSuffix(url, "/"+ns+"/"+name) {
 		t.Fatalf("status.url %q is not the gateway's path for the service", url)
 	}
-	body := `{"model":"facebook/opt-125m","prompt":"The local fleet says","max_tokens":6}`
-	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	var completion struct {
-		Choices []struct {
-			Text string `json:"text"`
-		} `json:"choices"`
-	}
-	if resp.StatusCode != http.StatusOK || json.Unmarshal(out, &completion) != nil || len(completion.Choices) == 0 {
-		t.Fatalf("completion through the gateway: %s %s", resp.Status, out)
-	}
+	complete(t, url, `{"model":"facebook/opt-125m","prompt":"The local fleet says","max_tokens":6}`)
 	var pods corev1.PodList
 	if err := spoke.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)

@@ -23,6 +23,10 @@ type Set struct {
 	EPP                   string
 	Spoke                 string
 	Hub                   string
+	// LWS is the LeaderWorkerSet controller; make tools puts its webhook
+	// configurations (webhook.yaml) and ClusterRole (role.yaml), rendered
+	// from the same module, next to it.
+	LWS string
 }
 
 // tool names a pinned tool: its module under hack/tools and the module whose
@@ -33,6 +37,7 @@ var (
 	kube = tool{"kube", "k8s.io/kubernetes"}
 	etcd = tool{"etcd", "go.etcd.io/etcd/server/v3"}
 	sim  = tool{"sim", "github.com/llm-d/llm-d-inference-sim"}
+	lws  = tool{"lws", "sigs.k8s.io/lws"}
 )
 
 // Locate finds the binaries from the repository root, which it looks for
@@ -62,12 +67,17 @@ func Locate() (Set, error) {
 	if err != nil {
 		return Set{}, err
 	}
+	lwsDir, err := dir(lws)
+	if err != nil {
+		return Set{}, err
+	}
 	s := Set{
 		Etcd:                  filepath.Join(etcdDir, "etcd"),
 		KubeAPIServer:         filepath.Join(kubeDir, "kube-apiserver"),
 		KubeControllerManager: filepath.Join(kubeDir, "kube-controller-manager"),
 		KubeScheduler:         filepath.Join(kubeDir, "kube-scheduler"),
 		Simulator:             filepath.Join(simDir, "llm-d-inference-sim"),
+		LWS:                   filepath.Join(lwsDir, "lws"),
 		EPP:                   filepath.Join(root, "bin", "epp"),
 		Spoke:                 filepath.Join(root, "bin", "spoke"),
 		Hub:                   filepath.Join(root, "bin", "hub"),

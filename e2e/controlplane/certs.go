@@ -129,3 +129,18 @@ func pemBlock(typ string, der []byte) []byte {
 func serial() (*big.Int, error) {
 	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 }
+
+// ServingCert issues a TLS server certificate for ip from a throwaway CA of
+// its own, for a server the API server calls (a webhook): the configuration
+// that points at it carries caPEM as its caBundle.
+func ServingCert(name string, ip net.IP) (caPEM, certPEM, keyPEM []byte, err error) {
+	ca, err := newAuthority(name)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	kp, err := ca.issue(pkix.Name{CommonName: name}, []net.IP{ip}, nil, x509.ExtKeyUsageServerAuth)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return ca.certPEM, kp.Cert, kp.Key, nil
+}

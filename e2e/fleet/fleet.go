@@ -61,6 +61,10 @@ type Options struct {
 	// NoControllers skips fleetinfer's own controllers (bin/hub on the hub,
 	// bin/spoke in each spoke), for tests of the fleet alone.
 	NoControllers bool
+	// NoLeaderWorkerSet skips the LeaderWorkerSet controller each spoke
+	// otherwise runs (lws.go), which multi-node services need for their
+	// pods. It starts beside the kubelet and costs no measurable start-up.
+	NoLeaderWorkerSet bool
 	// HubArgs are extra flags for bin/hub.
 	HubArgs []string
 	// ClusterProvider is how bin/hub finds the spokes (its
@@ -208,6 +212,11 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	if !opts.NoControllers {
 		for _, s := range f.Spokes {
 			g.Go(func() error { return f.startSpokeController(gctx, s) })
+		}
+	}
+	if !opts.NoLeaderWorkerSet {
+		for _, s := range f.Spokes {
+			g.Go(func() error { return f.startLWS(gctx, s) })
 		}
 	}
 	if err := g.Wait(); err != nil {

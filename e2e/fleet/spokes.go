@@ -21,10 +21,17 @@ func DefaultSpokes() []SpokeSpec {
 		}
 		return nodes
 	}
+	// East's nodes are shaped like GCP's a3-highgpu-8g, the machine KServe's
+	// multi-node data-parallel sample is written for: one of its pods takes
+	// 64 of the node's 208 CPUs and all 8 GPUs.
+	east := gpuNodes("east", 2, 8, H100, 81559)
+	for i := range east {
+		east[i].CPU, east[i].Memory = "208", "1872Gi"
+	}
 	return []SpokeSpec{
 		{
 			Name: "east", Labels: map[string]string{"region": "us-east"},
-			Nodes:         gpuNodes("east", 2, 8, H100, 81559),
+			Nodes:         east,
 			SimulatorArgs: []string{"--time-to-first-token=40ms", "--inter-token-latency=8ms", "--max-num-seqs=16"},
 		},
 		{

@@ -30,6 +30,9 @@ type NodeSpec struct {
 	CPU, Memory string
 	Labels      map[string]string
 	Taints      []corev1.Taint
+	// EphemeralStorage is the local disk the kubelet reports, 1Ti by
+	// default.
+	EphemeralStorage string
 }
 
 // GPU resource and labels, as published by NVIDIA's device plugin and GPU
@@ -44,15 +47,18 @@ const (
 )
 
 func (n NodeSpec) object(ip, version string) (*corev1.Node, error) {
-	cpu, mem := n.CPU, n.Memory
+	cpu, mem, disk := n.CPU, n.Memory, n.EphemeralStorage
 	if cpu == "" {
 		cpu = "64"
 	}
 	if mem == "" {
 		mem = "512Gi"
 	}
+	if disk == "" {
+		disk = "1Ti"
+	}
 	capacity := corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110")}
-	for name, v := range map[corev1.ResourceName]string{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem} {
+	for name, v := range map[corev1.ResourceName]string{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem, corev1.ResourceEphemeralStorage: disk} {
 		q, err := resource.ParseQuantity(v)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %s %q: %w", n.Name, name, v, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -65,6 +66,15 @@ const defaultVLLMPort = 8000
 // Prepare builds the simulator command line from the container's vLLM one.
 func (r SimulatorRuntime) Prepare(c *Container) (*Launch, error) {
 	tokens := vllmArgs(c.Command, c.Args, envMap(c.Env))
+	if slices.Contains(tokens, "--headless") {
+		// A headless vLLM is a worker of a multi-node group (data-parallel
+		// ranks of a LeaderWorkerSet): it serves no API, only engine ranks
+		// on its node's GPUs that take work from the leader's API server.
+		// Neither GPUs nor ranks exist here, so the worker is faked as a
+		// process that stays up for as long as the pod runs; the leader's
+		// simulator serves the whole group.
+		return &Launch{Path: "sleep", Args: []string{"infinity"}, Env: c.Env}, nil
+	}
 	args, port, dp, err := translateVLLM(tokens)
 	if err != nil {
 		return nil, err

@@ -130,6 +130,9 @@ spec:
 	if l := lws.Spec.LeaderWorkerTemplate.WorkerTemplate.Labels["app.kubernetes.io/component"]; l != "llminferenceservice-workload-worker" {
 		t.Errorf("worker component %q", l)
 	}
+	if l, ok := lws.Spec.LeaderWorkerTemplate.WorkerTemplate.Labels["kserve.io/component"]; ok {
+		t.Errorf("workers behind a leader are in the pool selector (kserve.io/component=%s)", l)
+	}
 	worker := container(lws.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec, "main")
 	if worker == nil || !strings.Contains(strings.Join(worker.Command, " "), "--data-parallel-size 8") || !strings.Contains(strings.Join(worker.Command, " "), "--enable-expert-parallel") {
 		t.Errorf("worker not rendered from the data-parallel preset: %+v", worker)

@@ -173,6 +173,11 @@ func (r *Reconciler) reconcileLWS(ctx context.Context, svc *v1alpha2.LLMInferenc
 	base := withLabels(selectorLabels(svc), LabelKServe, KServeWorkload, LabelRole, p.role)
 	leaderLabels := withLabels(base, LabelComponent, p.leader)
 	workerLabels := withLabels(base, LabelComponent, p.worker)
+	if p.spec.Template != nil {
+		// Behind a leader, workers serve no API (vLLM's headless ranks):
+		// as in KServe, they stay out of the workload Service and the pool.
+		workerLabels = withLabels(selectorLabels(svc), LabelComponent, p.worker)
+	}
 	size := groupSize(p.spec.Parallelism)
 	want := &lwsv1.LeaderWorkerSet{
 		ObjectMeta: metav1.ObjectMeta{Name: p.lwsName, Namespace: svc.Namespace,
