@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/spoke/capacity"
 )
 
 // freeGPUs reads a spoke's ClusterCapacity for one product.
@@ -72,4 +74,46 @@ func TestCapacityReportFollowsGPUPodsWithinSeconds(t *testing.T) {
 		return nil
 	})
 	t.Logf("capacity recovered within %s of the pod's deletion", time.Since(deleted).Round(time.Millisecond))
+}
+
+// allGPUsFree waits until every running spoke reports all its GPUs free, as
+// the hub reads them, for tests whose expected placement counts free GPUs:
+// an earlier test's pods, or a capacity report that has not caught up with
+// their deletion, would change the split. It names the pods that still hold
+// GPUs when it gives up.
+func allGPUsFree(t *testing.T) {
+	t.Helper()
+	eventually(t, 60*time.Second, "every GPU free", func(ctx context.Context) error {
+		for _, s := range fl.Spokes {
+			if !s.Running() {
+				continue
+			}
+			cc := &fleetv1alpha1.ClusterCapacity{}
+			if err := s.Client.Get(ctx, client.ObjectKey{Name: fleetv1alpha1.ClusterCapacityName}, cc); err != nil {
+				return err
+			}
+			for _, a := range cc.Status.Accelerators {
+				if a.Requested != 0 {
+					return fmt.Errorf("%s reports %d of %d %s requested; GPU pods there: %v",
+						s.Name(), a.Requested, a.Allocatable, a.Product, gpuPods(ctx, s))
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// gpuPods names the pods of a cluster that request GPUs.
+func gpuPods(ctx context.Context, c *fleet.Cluster) []string {
+	var pods corev1.PodList
+	if err := c.Client.List(ctx, &pods); err != nil {
+		return []string{err.Error()}
+	}
+	var names []string
+	for _, p := range pods.Items {
+		if capacity.PodRequest(&p, capacity.GPUResource) > 0 {
+			names = append(names, p.Namespace+"/"+p.Name+" ("+string(p.Status.Phase)+")")
+		}
+	}
+	return names
 }

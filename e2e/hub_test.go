@@ -172,6 +172,7 @@ func TestHubPlacesServicesByStrategy(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			allGPUsFree(t)
 			ns := namespace(t, fl.Hub)
 			place(t, gpuService(ns, "svc-"+c.name, c.replicas, c.gpus), fleetv1alpha1.InferencePlacementSpec{Replicas: c.sched})
 			svc := hubReady(t, ns, "svc-"+c.name, c.want, 90*time.Second)
