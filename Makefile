@@ -36,7 +36,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated fuzz bench bench-epp bench-hub clean help
+.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated fuzz bench bench-epp bench-hub bench-routing clean help
 
 all: build
 

@@ -76,6 +76,16 @@ func run(ctx context.Context, c config) error {
 	defer fl.Stop()
 	res.FleetStartup = fl.StartupTime.Round(100 * time.Millisecond).String()
 	fmt.Printf("fleet up in %s\n", res.FleetStartup)
+	// What the fleet itself costs with nothing changing: the floor under
+	// every phase's machine CPU.
+	idle := host.ReadCPU()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(10 * time.Second):
+	}
+	res.IdleBusy = host.ReadCPU().BusySince(idle)
+	fmt.Printf("idle fleet: machine CPU %.0f%% busy\n", 100*res.IdleBusy)
 
 	b := &bench{fl: fl, cfg: c}
 	for _, ph := range []phase{

@@ -16,6 +16,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/bench/internal/host"
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/internal/stats"
 )
@@ -51,6 +52,10 @@ type propagationResult struct {
 	CopyMillis []float64 `json:"copy_ms"`
 	// Hub is what the hub's service controller did (hub phases only).
 	Hub *hubWork `json:"hub,omitempty"`
+	// MachineBusy is the share of the machine's CPU (all cores) that was
+	// busy from the first create to the last copy: near 1, the control
+	// planes, controllers and benchmark were short of CPU.
+	MachineBusy float64 `json:"machine_cpu_busy"`
 }
 
 // benchService is a service the spokes run no pods for (KServe's stop
@@ -113,7 +118,7 @@ func (b *bench) propagation(ctx context.Context, ph phase) (propagationResult, e
 		return propagationResult{}, err
 	}
 	sent := make([]time.Time, len(names))
-	began := time.Now()
+	began, cpuBefore := time.Now(), host.ReadCPU()
 	create := func(i int) error {
 		sent[i] = time.Now()
 		if !ph.Direct {
@@ -137,7 +142,7 @@ func (b *bench) propagation(ctx context.Context, ph phase) (propagationResult, e
 	if err := seen.wait(ctx); err != nil {
 		return propagationResult{}, fmt.Errorf("%w (%d of %d copies arrived)", err, seen.count(), len(names)*len(b.fl.Spokes))
 	}
-	res := propagationResult{Phase: ph.Name, Services: len(names), Copies: seen.count()}
+	res := propagationResult{Phase: ph.Name, Services: len(names), Copies: seen.count(), MachineBusy: host.ReadCPU().BusySince(cpuBefore)}
 	if !ph.Direct {
 		after, err := scrape(ctx, b.fl.Hub.ControllerMetrics, hubHost(b.fl))
 		if err != nil {

@@ -34,3 +34,40 @@ func LoadAverage() float64 {
 	f, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
 	return f
 }
+
+// CPU is a reading of the machine's CPU time counters (/proc/stat), in
+// clock ticks summed over all cores.
+type CPU struct{ busy, total uint64 }
+
+// ReadCPU reads the counters; the zero CPU when they cannot be read.
+func ReadCPU() CPU {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return CPU{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 5 || fields[0] != "cpu" {
+		return CPU{}
+	}
+	var c CPU
+	for i, f := range fields[1:] {
+		v, _ := strconv.ParseUint(f, 10, 64)
+		c.total += v
+		// idle and iowait are the 4th and 5th counters.
+		if i != 3 && i != 4 {
+			c.busy += v
+		}
+	}
+	return c
+}
+
+// BusySince is the share of the machine's CPU time, over all its cores,
+// that was busy between an earlier reading and this one: 1 means every core
+// was saturated throughout. Zero when either reading is missing.
+func (c CPU) BusySince(earlier CPU) float64 {
+	if c.total <= earlier.total || earlier.total == 0 {
+		return 0
+	}
+	return float64(c.busy-earlier.busy) / float64(c.total-earlier.total)
+}
