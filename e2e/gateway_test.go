@@ -154,6 +154,9 @@ func gwModelServer(ns, name string, port int32, extra map[string]string) *appsv1
 		}
 	}
 	c.Ports[0].ContainerPort = port
+	// The stack lives for the whole suite: it holds no GPUs, so that tests
+	// that count free GPUs (placement, multi-node groups) find them all.
+	c.Resources = corev1.ResourceRequirements{}
 	// Tokens 10 ms apart, so that a streamed completion arrives over time.
 	c.Env = []corev1.EnvVar{{Name: "FLEETINFER_SIM_ARGS", Value: "--time-to-first-token=20ms --inter-token-latency=10ms"}}
 	return d
