@@ -33,6 +33,7 @@ const multiNodeSample = "../apis/serving/v1alpha2/testdata/kserve-v0.20.0/sample
 // stays up), and deleting the service removes the LeaderWorkerSet and every
 // pod of the group.
 func TestKServeMultiNodeSampleRunsAsALeaderWorkerSet(t *testing.T) {
+	allGPUsFree(t) // the group takes both of east's nodes whole
 	spoke := fl.Spoke("east")
 	ctx := context.Background()
 	ns := namespace(t, spoke)
@@ -60,7 +61,8 @@ func TestKServeMultiNodeSampleRunsAsALeaderWorkerSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(group) != 2 {
-		t.Fatalf("%d pods in the group, want a leader and a worker", len(group))
+		t.Fatalf("%d pods in the group, want a leader and a worker; LeaderWorkerSet status %+v; service conditions %+v",
+			len(group), lws.Status, svc.Status.Conditions)
 	}
 	var leader, worker corev1.Pod
 	nodes := map[string]bool{}

@@ -150,6 +150,20 @@ spec:
 		lws.Status.Conditions = []metav1.Condition{{Type: "Available", Status: metav1.ConditionTrue, Reason: "AllGroupsReady", LastTransitionTime: metav1.Now()}}
 		return c.Status().Update(ctx, lws)
 	})
+	// LWS calls a group ready once its workers exist; the service waits
+	// for them to be ready. The test plays LWS's pod controller, which
+	// makes a worker StatefulSet per group.
+	condition(t, key(ns, "dp"), v1alpha2.WorkerWorkloadReady, corev1.ConditionFalse, "WorkersNotReady")
+	for i := range 2 {
+		sts := workerStatefulSet(ns, "dp-kserve-mn", i)
+		if err := c.Create(context.Background(), sts); err != nil {
+			t.Fatal(err)
+		}
+		sts.Status.Replicas, sts.Status.ReadyReplicas = 1, 1
+		if err := c.Status().Update(context.Background(), sts); err != nil {
+			t.Fatal(err)
+		}
+	}
 	condition(t, key(ns, "dp"), v1alpha2.Ready, corev1.ConditionTrue, "")
 
 	eventually(t, "remove worker", func(ctx context.Context) error {
@@ -164,6 +178,20 @@ spec:
 	s := condition(t, key(ns, "dp"), v1alpha2.MainWorkloadReady, corev1.ConditionFalse, "")
 	if s.Status.GetCondition(v1alpha2.WorkerWorkloadReady) != nil {
 		t.Error("WorkerWorkloadReady still present after the worker was removed")
+	}
+}
+
+// workerStatefulSet is the StatefulSet LWS makes for the workers of group i.
+func workerStatefulSet(ns, lws string, i int) *appsv1.StatefulSet {
+	labels := map[string]string{lwsv1.SetNameLabelKey: lws, lwsv1.GroupIndexLabelKey: fmt.Sprint(i)}
+	return &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", lws, i), Namespace: ns, Labels: labels},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas: ptr.To(int32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "vllm/vllm-openai:v0.11.0"}}}},
+		},
 	}
 }
 

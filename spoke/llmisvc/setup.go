@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -56,7 +57,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha2.LLMInferenceServiceConfig{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfig)).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfigMap), builder.OnlyMetadata)
 	if r.apis.lws {
-		b = b.Owns(&lwsv1.LeaderWorkerSet{})
+		b = b.Owns(&lwsv1.LeaderWorkerSet{}).
+			Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.serviceOfGroup))
 	}
 	if r.apis.inferencePool {
 		b = b.Owns(&igwapiv1.InferencePool{}).
@@ -68,6 +70,24 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			Watches(&gwapiv1.Gateway{}, handler.EnqueueRequestsFromMapFunc(r.servicesWithRouter))
 	}
 	return b.Complete(r)
+}
+
+// serviceOfGroup maps a StatefulSet of a LeaderWorkerSet group to the
+// service that owns the LeaderWorkerSet, whose readiness counts its workers.
+func (r *Reconciler) serviceOfGroup(ctx context.Context, o client.Object) []reconcile.Request {
+	name := o.GetLabels()[lwsv1.SetNameLabelKey]
+	if name == "" {
+		return nil
+	}
+	lws := &lwsv1.LeaderWorkerSet{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: name}, lws); err != nil {
+		return nil
+	}
+	owner := metav1.GetControllerOf(lws)
+	if owner == nil || owner.Kind != "LLMInferenceService" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: lws.Namespace, Name: owner.Name}}}
 }
 
 // services lists services in ns ("" for all) that match keep.

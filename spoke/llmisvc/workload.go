@@ -217,16 +217,45 @@ func (r *Reconciler) reconcileLWS(ctx context.Context, svc *v1alpha2.LLMInferenc
 	} else {
 		svc.Status.Workloads.Primary = observe
 	}
-	if c := meta.FindStatusCondition(cur.Status.Conditions, string(lwsv1.LeaderWorkerSetAvailable)); c != nil && c.Status == metav1.ConditionTrue {
-		svc.Status.MarkTrue(p.multiCond)
-	} else {
+	c := meta.FindStatusCondition(cur.Status.Conditions, string(lwsv1.LeaderWorkerSetAvailable))
+	if c == nil || c.Status != metav1.ConditionTrue {
 		reason, msg := "LeaderWorkerSetNotReady", fmt.Sprintf("LeaderWorkerSet %s: %d/%d groups ready", cur.Name, cur.Status.ReadyReplicas, ptr.Deref(cur.Spec.Replicas, 1))
 		if c != nil {
 			reason, msg = c.Reason, fmt.Sprintf("LeaderWorkerSet %s: %s", cur.Name, c.Message)
 		}
 		svc.Status.MarkFalse(p.multiCond, reason, "%s", msg)
+		return nil
 	}
+	ready, err := r.groupsWithReadyWorkers(ctx, cur)
+	if err != nil {
+		return err
+	}
+	if want := ptr.Deref(cur.Spec.Replicas, 1); size > 1 && ready < want {
+		svc.Status.MarkFalse(p.multiCond, "WorkersNotReady", "LeaderWorkerSet %s: %d/%d groups have every worker ready", cur.Name, ready, want)
+		return nil
+	}
+	svc.Status.MarkTrue(p.multiCond)
 	return nil
+}
+
+// groupsWithReadyWorkers counts the groups of a LeaderWorkerSet whose worker
+// StatefulSet has all its pods ready. LWS v0.8.0 counts a group as ready
+// once its leader is ready and its workers merely exist (its
+// StatefulsetReady compares created replicas, not ready ones), so its
+// Available condition alone would call a service ready whose workers are
+// still Pending, and vLLM's leader serves nothing until its ranks are up.
+func (r *Reconciler) groupsWithReadyWorkers(ctx context.Context, lws *lwsv1.LeaderWorkerSet) (int32, error) {
+	var list appsv1.StatefulSetList
+	if err := r.List(ctx, &list, client.InNamespace(lws.Namespace), client.MatchingLabels{lwsv1.SetNameLabelKey: lws.Name}); err != nil {
+		return 0, err
+	}
+	var ready int32
+	for _, sts := range list.Items {
+		if _, worker := sts.Labels[lwsv1.GroupIndexLabelKey]; worker && sts.Status.ReadyReplicas >= ptr.Deref(sts.Spec.Replicas, 1) {
+			ready++
+		}
+	}
+	return ready, nil
 }
 
 // groupSize is the number of pods in a multi-node group: data/dataLocal with
