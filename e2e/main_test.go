@@ -43,7 +43,7 @@ func run(m *testing.M) int {
 		}
 		return 1
 	}
-	fmt.Printf("local fleet start-up (hub + %d spokes): %.1fs\n", len(fl.Spokes), fl.StartupTime.Seconds())
+	fmt.Printf("local fleet start-up (hub + %d spokes): %s\n", len(fl.Spokes), fl.StartupSummary())
 	// Tests place services from their first second: every spoke must count.
 	if err := fl.WaitPlaceable(ctx, 2*time.Minute); err != nil {
 		fmt.Fprintln(os.Stderr, err)

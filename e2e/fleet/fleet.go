@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,6 +106,8 @@ type Fleet struct {
 	Registry *process.Registry
 	// StartupTime is how long Start took.
 	StartupTime time.Duration
+	// StartupStages is how long each stage of Start took, in order.
+	StartupStages []Stage
 
 	opts     Options
 	netLocks []*os.File
@@ -200,7 +203,9 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	if err := g.Wait(); err != nil {
 		return f, err
 	}
+	f.stage("control planes and CRDs", began)
 
+	stageBegan := time.Now()
 	g, gctx = errgroup.WithContext(ctx)
 	for i, s := range f.Spokes {
 		s.NetworkIndex = opts.FirstNetwork + i
@@ -222,16 +227,40 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	if err := g.Wait(); err != nil {
 		return f, err
 	}
+	f.stage("kubelets, gateways, controllers", stageBegan)
+	stageBegan = time.Now()
 	if err := f.registerSpokes(ctx, agentCtx); err != nil {
 		return f, err
 	}
+	f.stage("registration", stageBegan)
 	if !opts.NoControllers {
+		stageBegan = time.Now()
 		if err := f.startHubController(ctx); err != nil {
 			return f, err
 		}
+		f.stage("hub controller", stageBegan)
 	}
 	f.StartupTime = time.Since(began)
 	return f, nil
+}
+
+// Stage is one stage of a fleet's start-up.
+type Stage struct {
+	Name     string
+	Duration time.Duration
+}
+
+func (f *Fleet) stage(name string, began time.Time) {
+	f.StartupStages = append(f.StartupStages, Stage{name, time.Since(began)})
+}
+
+// StartupSummary is the start-up time with its stages, for a log line.
+func (f *Fleet) StartupSummary() string {
+	parts := make([]string, len(f.StartupStages))
+	for i, s := range f.StartupStages {
+		parts[i] = fmt.Sprintf("%s %.1fs", s.Name, s.Duration.Seconds())
+	}
+	return fmt.Sprintf("%.1fs (%s)", f.StartupTime.Seconds(), strings.Join(parts, ", "))
 }
 
 func validate(spokes []SpokeSpec, first int) error {
