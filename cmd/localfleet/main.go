@@ -9,6 +9,10 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/fleetinfer/fleetinfer/e2e/demo"
 )
 
@@ -27,6 +31,12 @@ func main() {
 	flag.Parse()
 	opts.Replicas = int32(replicas)
 	opts.Out = os.Stdout
+	// The demo prints its own progress; the in-process parts of the fleet
+	// (gateways, kubelets, agents) would otherwise write client-go's and
+	// controller-runtime's logs over it. Each process's log is in its
+	// cluster's directory (--dir keeps them).
+	ctrllog.SetLogger(logr.Discard())
+	klog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := demo.Run(ctx, opts); err != nil {
