@@ -116,8 +116,11 @@ func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoin
 	handle, cfg := loadConfig(t, []byte(config))
 	ds := &fakeDatastore{local: local}
 	h := &harness{}
-	cands := &candidates{ds: ds, remote: remote, gate: spillFilter(handle),
+	cands := &candidates{ds: ds, remote: remote,
 		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
+	if f := spillFilter(handle); f != nil {
+		cands.gate = f // as the runner does: a nil *Filter is no gate
+	}
 	rc := requestcontrol.NewConfig()
 	rc.AddPlugins(pickRecorder{})
 	rc.AddPlugins(handle.GetAllPlugins()...)
@@ -166,6 +169,59 @@ func (s *fakeStream) Recv() (*extProcPb.ProcessingRequest, error) {
 	return r, nil
 }
 
+// heldStream is an ext-proc stream whose request stays in flight, as while a
+// model server streams its answer, until release is closed.
+type heldStream struct {
+	grpc.ServerStream
+	in      []*extProcPb.ProcessingRequest
+	sent    chan *extProcPb.ProcessingResponse
+	release chan struct{}
+}
+
+func (s *heldStream) Context() context.Context { return context.Background() }
+func (s *heldStream) Send(r *extProcPb.ProcessingResponse) error {
+	s.sent <- r
+	return nil
+}
+func (s *heldStream) Recv() (*extProcPb.ProcessingRequest, error) {
+	if len(s.in) == 0 {
+		<-s.release
+		return nil, io.EOF
+	}
+	r := s.in[0]
+	s.in = s.in[1:]
+	return r, nil
+}
+
+// requestHeld sends a request and returns its destination while the
+// request stays in flight; finish ends it.
+func (h *harness) requestHeld(t testing.TB, body string) (dest string, finish func()) {
+	t.Helper()
+	s := &heldStream{in: requestMessages(body, len(body), nil), sent: make(chan *extProcPb.ProcessingResponse, 16), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- h.server.Process(s) }()
+	finish = func() {
+		close(s.release)
+		if err := <-done; err != nil {
+			t.Errorf("Process: %v", err)
+		}
+	}
+	for dest == "" {
+		select {
+		case r := <-s.sent:
+			if im := r.GetImmediateResponse(); im != nil {
+				finish()
+				t.Fatalf("refused with %d", im.GetStatus().GetCode())
+			}
+			dest = destination(r)
+		case <-time.After(10 * time.Second):
+			finish()
+			t.Fatal("no pick within 10 s")
+		}
+	}
+	return dest, finish
+}
+
 // result is what the proxy learns from the EPP about one request.
 type result struct {
 	status   int    // immediate response status, 0 when routed
@@ -190,16 +246,7 @@ func (h *harness) request(t testing.TB, body string, chunk int, hint []string) r
 		}
 		md = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{metadata.SubsetFilterNamespace: st}}
 	}
-	msgs := []*extProcPb.ProcessingRequest{{MetadataContext: md, Request: &extProcPb.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extProcPb.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-			{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")},
-			{Key: "content-type", RawValue: []byte("application/json")}}}}}}}
-	for i := 0; i == 0 || i < len(body); i += chunk {
-		end := min(i+chunk, len(body))
-		msgs = append(msgs, &extProcPb.ProcessingRequest{MetadataContext: md, Request: &extProcPb.ProcessingRequest_RequestBody{
-			RequestBody: &extProcPb.HttpBody{Body: []byte(body[i:end]), EndOfStream: end == len(body)}}})
-	}
-	s := &fakeStream{ctx: context.Background(), in: msgs}
+	s := &fakeStream{ctx: context.Background(), in: requestMessages(body, chunk, md)}
 	if err := h.server.Process(s); err != nil {
 		t.Fatalf("Process: %v", err)
 	}
@@ -224,6 +271,31 @@ func (h *harness) request(t testing.TB, body string, chunk int, hint []string) r
 			GetFields()[metadata.DestinationEndpointKey].GetStringValue()
 	}
 	return r
+}
+
+// requestMessages are Envoy's messages for a POST of body in chunks of at
+// most chunk bytes, each carrying md.
+func requestMessages(body string, chunk int, md *corev3.Metadata) []*extProcPb.ProcessingRequest {
+	msgs := []*extProcPb.ProcessingRequest{{MetadataContext: md, Request: &extProcPb.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extProcPb.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")},
+			{Key: "content-type", RawValue: []byte("application/json")}}}}}}}
+	for i := 0; i == 0 || i < len(body); i += chunk {
+		end := min(i+chunk, len(body))
+		msgs = append(msgs, &extProcPb.ProcessingRequest{MetadataContext: md, Request: &extProcPb.ProcessingRequest_RequestBody{
+			RequestBody: &extProcPb.HttpBody{Body: []byte(body[i:end]), EndOfStream: end == len(body)}}})
+	}
+	return msgs
+}
+
+// destination is the x-gateway-destination-endpoint header a response sets.
+func destination(r *extProcPb.ProcessingResponse) string {
+	for _, hv := range r.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if hv.GetHeader().GetKey() == metadata.DestinationEndpointKey {
+			return string(hv.GetHeader().GetRawValue())
+		}
+	}
+	return ""
 }
 
 func completion(prompt string) string {

@@ -34,6 +34,7 @@ import (
 	testfilter "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/test/filter"
 
 	"github.com/fleetinfer/fleetinfer/epp/crosscluster"
+	"github.com/fleetinfer/fleetinfer/epp/inflight"
 )
 
 // RegisterPlugins registers every plugin type the EPP knows: GIE v1.5.0's
@@ -44,6 +45,7 @@ func RegisterPlugins() {
 	registerGIEPlugins()
 	fwkplugin.Register(crosscluster.FilterType, crosscluster.FilterFactory)
 	fwkplugin.Register(crosscluster.ScorerType, crosscluster.ScorerFactory)
+	fwkplugin.Register(inflight.ScorerType, inflight.ScorerFactory)
 }
 
 func registerGIEPlugins() {

@@ -11,6 +11,7 @@ import (
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 
 	"github.com/fleetinfer/fleetinfer/epp/crosscluster"
+	"github.com/fleetinfer/fleetinfer/epp/inflight"
 )
 
 // fleetinfer mirrors GIE's unexported in-tree plugin list; this keeps the
@@ -31,7 +32,7 @@ func TestRegisterPluginsHasEveryGIEPluginAndFleetinfers(t *testing.T) {
 
 	fwkplugin.Registry = map[string]fwkplugin.FactoryFunc{}
 	RegisterPlugins()
-	want := slices.Sorted(slices.Values(append(gie, crosscluster.FilterType, crosscluster.ScorerType)))
+	want := slices.Sorted(slices.Values(append(gie, crosscluster.FilterType, crosscluster.ScorerType, inflight.ScorerType)))
 	if got := slices.Sorted(maps.Keys(fwkplugin.Registry)); !slices.Equal(got, want) {
 		t.Fatalf("registered %v\nwant GIE's %v plus fleetinfer's", got, gie)
 	}

@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"fmt"
 	"testing"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -75,5 +76,38 @@ func TestRequestPath(t *testing.T) {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// GIE's inflight-load-producer with fleetinfer's in-flight-requests-scorer
+// loads (GIE's own consumer of the producer's data does not) and spreads
+// picks over endpoints whose scraped metrics are alike: the second request
+// goes where the first did not, before any scrape could tell them apart.
+func TestInFlightScorerSpreadsPicksBetweenScrapes(t *testing.T) {
+	const config = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: inflight-load-producer
+- type: in-flight-requests-scorer
+- type: queue-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: in-flight-requests-scorer, weight: 2}
+  - {pluginRef: queue-scorer, weight: 2}
+dataLayer: {sources: []}
+`
+	local := []fwkdl.Endpoint{endpoint("a", "127.12.0.2:8000", 0, nil), endpoint("b", "127.12.0.3:8000", 0, nil)}
+	h := newHarnessConfig(t, local, &fakeRemote{}, config)
+	// Two rounds: each request stays in flight while the next is picked,
+	// then all finish, and the counts start again from zero.
+	for round := range 2 {
+		first, finishFirst := h.requestHeld(t, completion(fmt.Sprint("first ", round)))
+		second, finishSecond := h.requestHeld(t, completion(fmt.Sprint("second ", round)))
+		finishFirst()
+		finishSecond()
+		if first == second {
+			t.Fatalf("round %d: both requests went to %s while the other endpoint had none in flight", round, first)
+		}
 	}
 }

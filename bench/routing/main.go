@@ -112,22 +112,37 @@ var scenarios = []scenario{
 var policies = []string{"gie-local", "round-robin", "least-load", "fleetinfer", "oracle"}
 
 // fleetEPPConfig is fleetinfer's default configuration (epp/default-config.yaml)
-// with the cross-cluster filter's headroom ending earlier: a local pod has
-// headroom while nothing waits (queueDepthThreshold 1; the default, 5, is
-// GIE's saturation threshold, meant for batches far larger than these
-// simulators' 4) and its KV cache is under half full (kvCacheUtilThreshold
-// 0.5, default 0.8: here half full is a batch of two, past which prefill
-// runs 1.67× slower than on an idle pod, more than the remote pod's network
-// cost), and local metrics count as fresh for a second (a 50 ms scrape runs
-// late on this busy machine). The 0.5 was chosen after a trial of the
-// hot-cluster scenario: with 0.8 fleetinfer's p99 TTFT was 578 ms against
-// 357 ms (round-robin 155 and 130 ms in the same trials).
+// with two changes for this workload, and GIE's in-flight counting:
+//   - the cross-cluster filter's headroom ends earlier. A local pod has
+//     headroom while nothing waits (queueDepthThreshold 1; the default, 5, is
+//     GIE's saturation threshold, meant for batches far larger than these
+//     simulators' 4) and its KV cache is under 30% full
+//     (kvCacheUtilThreshold 0.3, default 0.8: here one request, past which
+//     prefill runs slower than on an idle pod, by more than a remote pod's
+//     network cost on loopback). Local metrics count as fresh for a second
+//     (a 50 ms scrape runs late on a busy machine);
+//   - GIE's inflight-load-producer counts the picker's own requests in
+//     flight per pod, and fleetinfer's in-flight-requests-scorer spreads
+//     picks by that count between scrapes (epp/inflight).
+//
+// Trials of the hot-cluster scenario on a quiet machine (p99 TTFT, median
+// of 3 repetitions; least-load and oracle in the same trial):
+//   - 0.5, no in-flight scorer: 178 ms (least-load 122, oracle 120);
+//   - 0.3, no in-flight scorer: 133 ms (130, 121);
+//   - 0.5 with it: 147 ms (124, 98);
+//   - 0.3 with it: 123 ms (122, 100).
+//
+// The in-flight scorer removed the worst repetition's tail (449 ms to
+// 147 ms), the burst that lands on one pod between two scrapes. An earlier
+// trial on a busy machine put 0.8 at 578 ms against 357 ms for 0.5.
 const fleetEPPConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: cross-cluster-filter
-  parameters: {queueDepthThreshold: 1, kvCacheUtilThreshold: 0.5, metricsStalenessThreshold: 1s}
+  parameters: {queueDepthThreshold: 1, kvCacheUtilThreshold: 0.3, metricsStalenessThreshold: 1s}
 - type: cross-cluster-scorer
+- type: inflight-load-producer
+- type: in-flight-requests-scorer
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
@@ -139,6 +154,7 @@ schedulingProfiles:
   - pluginRef: cross-cluster-filter
   - {pluginRef: cross-cluster-scorer, weight: 1}
   - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: in-flight-requests-scorer, weight: 2}
   - {pluginRef: kv-cache-utilization-scorer, weight: 2}
   - {pluginRef: prefix-cache-scorer, weight: 3}
 dataLayer:

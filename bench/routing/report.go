@@ -346,14 +346,13 @@ func (r *results) reading() string {
 	b.WriteString("## Reading the results\n\n")
 	fmt.Fprintf(&b, "**Hot cluster.** fleetinfer serves a request in the cluster it enters while a local pod has headroom, so east's pods run at the edge "+
 		"of it while west and central idle: %.0f%% of its requests crossed clusters, against %.0f%% for round-robin and %.0f%% for the oracle. That is the "+
-		"design (local first, a network cost for remote pods) and it costs tail latency here: between two 50 ms scrapes every pick sees the same metrics, "+
-		"so a burst lands on the pod that looked emptiest, and a request that finds its batch full waits for a slot, several hundred milliseconds; those "+
-		"waits make fleetinfer's p99 (%.0f ms, p50 %.0f ms). The oracle counts requests in flight exactly and never "+
-		"queues (p99 %.0f ms); SkyServe's load balancer also counts its own requests exactly, per cluster, and with three equal clusters even "+
-		"round-robin is a fair split (p99 %.0f ms). On loopback a cross-cluster hop costs nothing; between regions each of those crossings would add a "+
-		"round trip to its TTFT, which this benchmark does not model. GIE v1.5.0 has the piece that would close the gap between scrapes, the "+
-		"`inflight-load-producer` with the `token-load-scorer` (the picker's own requests in flight per pod), but its data-dependency check rejects "+
-		"the pair (\"data type mismatch between produced and consumed data for key: InFlightLoadKey\"), in the stock EPP and in fleetinfer's alike.\n\n",
+		"design (local first, a network cost for remote pods) and it costs tail latency here, where a local pod's prefill slows as its batch grows "+
+		"while a hop to an idle pod in another cluster costs nothing on loopback: fleetinfer's p99 is %.0f ms (p50 %.0f ms). The oracle counts "+
+		"requests in flight exactly and spreads them over every pod (p99 %.0f ms); SkyServe's load balancer also counts its own requests exactly, "+
+		"per cluster, and with three equal clusters even round-robin is a fair split (p99 %.0f ms). Between regions each crossing would add a "+
+		"round trip to its TTFT, which this benchmark does not model. Between two 50 ms scrapes every pick sees the same metrics; fleetinfer's "+
+		"`in-flight-requests-scorer` spreads a burst by the picker's own requests in flight (counted by GIE's `inflight-load-producer`, whose own "+
+		"consumer, the `token-load-scorer`, GIE v1.5.0's data-dependency check rejects), which the stock EPP cannot.\n\n",
 		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotF.P50Ms, hotO.P99Ms, hotRR.P99Ms)
 	b.WriteString("**Unequal capacity.** Round-robin gives the one-pod cluster a third of the requests whatever its size; least-load sends fewer there " +
 		"only as its requests pile up. fleetinfer and the oracle see pods, not clusters.\n\n")
@@ -365,7 +364,7 @@ func (r *results) reading() string {
 	pl, pf, po := get("prefix-heavy", "gie-local"), get("prefix-heavy", "fleetinfer"), get("prefix-heavy", "oracle")
 	fmt.Fprintf(&b, "**Prefix-heavy.** The GIE-based pickers score prefix-cache affinity, the oracle does not: %.0f%% of prompt tokens were "+
 		"cache hits under cluster-local GIE, %.0f%% under fleetinfer, %.0f%% under the oracle. Affinity also piles a prefix's requests onto one pod, "+
-		"so hits and queueing pull TTFT opposite ways. fleetinfer stays local unless a local batch is half full, so it does not reach for the "+
+		"so hits and queueing pull TTFT opposite ways. fleetinfer stays local while a local pod has headroom, so it does not reach for the "+
 		"fleet's larger cache either.\n\n", 100*pl.CacheHit, 100*pf.CacheHit, 100*po.CacheHit)
 	b.WriteString("**Noise.** This machine has 2 cores and other work ran beside the benchmark (load averages and the load generator's send lag " +
 		"are in the tables): a run whose send lag reaches hundreds of milliseconds had everything on the machine stalled for about as long, " +
