@@ -159,6 +159,9 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	}
 	defer func() {
 		if err != nil {
+			// The error may name a log in the fleet's directory, which
+			// Stop removes: carry the log's end in the error instead.
+			err = withLogTails(err, f.dir)
 			f.Stop()
 		}
 	}()
@@ -242,6 +245,31 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	}
 	f.StartupTime = time.Since(began)
 	return f, nil
+}
+
+// withLogTails appends to err the last lines of each log file under dir
+// that its message names.
+func withLogTails(err error, dir string) error {
+	if dir == "" {
+		return err
+	}
+	msg := err.Error()
+	var tails []string
+	for _, field := range strings.FieldsFunc(msg, func(r rune) bool { return r == ' ' || r == ';' || r == '(' || r == ')' || r == ',' }) {
+		if !strings.HasPrefix(field, dir) || !strings.HasSuffix(field, ".log") {
+			continue
+		}
+		b, readErr := os.ReadFile(field)
+		if readErr != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		tails = append(tails, fmt.Sprintf("last lines of %s:\n%s", filepath.Base(field), strings.Join(lines[max(len(lines)-15, 0):], "\n")))
+	}
+	if len(tails) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w\n%s", err, strings.Join(tails, "\n"))
 }
 
 // Stage is one stage of a fleet's start-up.
