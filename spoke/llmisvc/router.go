@@ -347,7 +347,7 @@ func eppServicePorts(pod *corev1.PodSpec, pool *igwapiv1.InferencePoolSpec) []co
 func (r *Reconciler) observeEPP(ctx context.Context, svc *v1alpha2.LLMInferenceService, want *appsv1.Deployment) error {
 	cur := &appsv1.Deployment{}
 	if err := r.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
-		return err
+		return notObserved(svc, v1alpha2.SchedulerWorkloadReady, "Deployment", want.Name, err)
 	}
 	svc.Status.Workloads.Scheduler = &v1alpha2.ObservedWorkloadStatus{
 		TypedLocalObjectReference: corev1.TypedLocalObjectReference{APIGroup: ptr.To("apps"), Kind: "Deployment", Name: cur.Name},

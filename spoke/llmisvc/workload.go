@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -111,7 +112,7 @@ func (r *Reconciler) reconcileDeployment(ctx context.Context, svc *v1alpha2.LLMI
 	}
 	cur := &appsv1.Deployment{}
 	if err := r.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
-		return err
+		return notObserved(svc, p.singleCond, "Deployment", want.Name, err)
 	}
 	observe := &v1alpha2.ObservedWorkloadStatus{
 		TypedLocalObjectReference: corev1.TypedLocalObjectReference{APIGroup: ptr.To("apps"), Kind: "Deployment", Name: cur.Name},
@@ -206,7 +207,7 @@ func (r *Reconciler) reconcileLWS(ctx context.Context, svc *v1alpha2.LLMInferenc
 	}
 	cur := &lwsv1.LeaderWorkerSet{}
 	if err := r.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
-		return err
+		return notObserved(svc, p.multiCond, "LeaderWorkerSet", want.Name, err)
 	}
 	observe := &v1alpha2.ObservedWorkloadStatus{
 		TypedLocalObjectReference: corev1.TypedLocalObjectReference{APIGroup: ptr.To(lwsv1.GroupVersion.Group), Kind: "LeaderWorkerSet", Name: cur.Name},
@@ -228,7 +229,7 @@ func (r *Reconciler) reconcileLWS(ctx context.Context, svc *v1alpha2.LLMInferenc
 	}
 	ready, err := r.groupsWithReadyWorkers(ctx, cur)
 	if err != nil {
-		return err
+		return notObserved(svc, p.multiCond, "LeaderWorkerSet", cur.Name, err)
 	}
 	if want := ptr.Deref(cur.Spec.Replicas, 1); size > 1 && ready < want {
 		svc.Status.MarkFalse(p.multiCond, "WorkersNotReady", "LeaderWorkerSet %s: %d/%d groups have every worker ready", cur.Name, ready, want)
@@ -236,6 +237,20 @@ func (r *Reconciler) reconcileLWS(ctx context.Context, svc *v1alpha2.LLMInferenc
 	}
 	svc.Status.MarkTrue(p.multiCond)
 	return nil
+}
+
+// notObserved marks a workload condition False when the workload's state
+// could not be read, as when the cache has not yet seen an object just
+// created: an absent sub-condition would count as met in WorkloadsReady. A
+// NotFound is that cache lag, which the watch on the object ends; any other
+// error is returned for a retry.
+func notObserved(svc *v1alpha2.LLMInferenceService, cond v1alpha2.ConditionType, kind, name string, err error) error {
+	if apierrors.IsNotFound(err) {
+		svc.Status.MarkFalse(cond, "Creating", "%s %s was created and is not observed yet", kind, name)
+		return nil
+	}
+	svc.Status.MarkFalse(cond, "ReadFailed", "%s %s: %v", kind, name, err)
+	return err
 }
 
 // groupsWithReadyWorkers counts the groups of a LeaderWorkerSet whose worker
