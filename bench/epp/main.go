@@ -78,7 +78,7 @@ func mkdir(p string) string {
 }
 
 func run(ctx context.Context, c config) error {
-	began := time.Now()
+	started := host.StartRun()
 	dir, err := os.MkdirTemp("", "fleetinfer-bench-")
 	if err != nil {
 		return err
@@ -144,8 +144,7 @@ func run(ctx context.Context, c config) error {
 	if c.profile != "" {
 		return profilePhases(ctx, c, variants, cp.AdminKubeconfig(), servers, dir, c.profile, reg)
 	}
-	res := results{Config: c, Started: began.UTC().Format(time.RFC3339), Machine: host.Machine()}
-	res.LoadAverage[0] = host.LoadAverage()
+	res := results{Config: c, Run: started}
 	for rep := range c.reps {
 		fmt.Printf("rep %d/%d\n", rep+1, c.reps)
 		runs, err := measureRep(ctx, c, variants, rep, cp.AdminKubeconfig(), servers, dir, reg)
@@ -154,9 +153,8 @@ func run(ctx context.Context, c config) error {
 		}
 		res.Runs = append(res.Runs, runs...)
 	}
-	res.LoadAverage[1] = host.LoadAverage()
+	res.Finish()
 	res.summarize()
-	res.Duration = time.Since(began).Round(time.Second).String()
 	return res.write(c.out)
 }
 

@@ -8,21 +8,17 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fleetinfer/fleetinfer/bench/internal/host"
 	"github.com/fleetinfer/fleetinfer/internal/stats"
 )
 
 type results struct {
-	Config   config `json:"-"`
-	Started  string `json:"started"`
-	Duration string `json:"duration"`
-	Machine  string `json:"machine"`
-	// LoadAverage is /proc/loadavg's 1-minute figure at the start and end:
-	// the machine is shared, and other work inflates tails.
-	LoadAverage [2]float64  `json:"load_average"`
-	Setup       setup       `json:"setup"`
-	Runs        []runResult `json:"runs"`
-	Summary     []summary   `json:"summary"`
-	Ratios      []ratio     `json:"ratios"`
+	Config config `json:"-"`
+	host.Run
+	Setup   setup       `json:"setup"`
+	Runs    []runResult `json:"runs"`
+	Summary []summary   `json:"summary"`
+	Ratios  []ratio     `json:"ratios"`
 }
 
 type setup struct {

@@ -60,11 +60,8 @@ func main() {
 }
 
 func run(ctx context.Context, c config) error {
-	began := time.Now()
 	ctrllog.SetLogger(logr.Discard())
-	res := results{Started: began.UTC().Format(time.RFC3339), Machine: host.Machine(), Services: c.services,
-		Concurrency: c.concurrency, Rate: c.rate, Toleration: c.toleration.String()}
-	res.LoadAverage[0] = host.LoadAverage()
+	res := results{Run: host.StartRun(), Services: c.services, Concurrency: c.concurrency, Rate: c.rate, Toleration: c.toleration.String()}
 	fmt.Println("starting the local fleet (hub + 3 spokes)")
 	fl, err := fleet.Start(ctx, fleet.Options{Spokes: fleet.DefaultSpokes(), NoGateways: true, HubArgs: strings.Fields(c.hubArgs)})
 	if err != nil {
@@ -114,8 +111,7 @@ func run(ctx context.Context, c config) error {
 		res.Failovers = append(res.Failovers, r)
 		fmt.Printf("  re-placed %.1f s, serving %.1f s after the loss\n", r.ReplacedS, r.ServingS)
 	}
-	res.LoadAverage[1] = host.LoadAverage()
-	res.Duration = time.Since(began).Round(time.Second).String()
+	res.Finish()
 	res.summarize()
 	return res.write(c.out)
 }

@@ -9,21 +9,17 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fleetinfer/fleetinfer/bench/internal/host"
 	"github.com/fleetinfer/fleetinfer/internal/stats"
 )
 
 type results struct {
-	Started      string  `json:"started"`
-	Duration     string  `json:"duration"`
-	Machine      string  `json:"machine"`
+	host.Run
 	FleetStartup string  `json:"fleet_startup"`
 	Services     int     `json:"services"`
 	Concurrency  int     `json:"concurrency"`
 	Rate         float64 `json:"paced_rate_per_s"`
 	Toleration   string  `json:"failover_toleration"`
-	// LoadAverage is the 1-minute load average at the start and the end:
-	// the machine is shared, and other work inflates tails.
-	LoadAverage [2]float64 `json:"load_average"`
 	// IdleBusy is the machine's CPU busy with the fleet up and idle.
 	IdleBusy    float64             `json:"idle_fleet_machine_cpu_busy"`
 	Propagation []propagationResult `json:"propagation"`

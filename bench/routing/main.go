@@ -176,8 +176,7 @@ func run(ctx context.Context, c config) error {
 	for i := range spokes {
 		spokes[i].SimulatorArgs = nil
 	}
-	res := &results{Config: c, Started: began.UTC().Format(time.RFC3339), Machine: host.Machine(), FleetEPPConfig: c.fleetConfig}
-	res.LoadAverage[0] = host.LoadAverage()
+	res := &results{Config: c, Run: host.StartRun(), FleetEPPConfig: c.fleetConfig}
 	fl, err := fleet.Start(ctx, fleet.Options{Spokes: spokes, NoControllers: true})
 	if err != nil {
 		if fl != nil {
@@ -205,9 +204,8 @@ func run(ctx context.Context, c config) error {
 			return fmt.Errorf("%s: %w", sc.Name, err)
 		}
 	}
-	res.LoadAverage[1] = host.LoadAverage()
+	res.Finish()
 	res.summarize()
-	res.Duration = time.Since(began).Round(time.Second).String()
 	return res.write(c.out)
 }
 

@@ -14,13 +14,8 @@ import (
 )
 
 type results struct {
-	Config   config `json:"-"`
-	Started  string `json:"started"`
-	Duration string `json:"duration"`
-	Machine  string `json:"machine"`
-	// LoadAverage is /proc/loadavg's 1-minute figure at the start and end:
-	// the machine is shared, and other work inflates tails.
-	LoadAverage    [2]float64  `json:"load_average"`
+	Config config `json:"-"`
+	host.Run
 	FleetStartup   string      `json:"fleet_startup"`
 	Clusters       []string    `json:"clusters"`
 	Setup          setup       `json:"setup"`

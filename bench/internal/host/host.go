@@ -7,7 +7,34 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
+
+// Run is what every benchmark's results say of the run itself: when it
+// started, how long it took, on what machine, and how loaded that machine
+// was at the start and the end. Benchmarks embed it in their results.
+type Run struct {
+	Started  string `json:"started"`
+	Duration string `json:"duration"`
+	Machine  string `json:"machine"`
+	// LoadAverage is /proc/loadavg's 1-minute figure at the start and end:
+	// the machine is shared, and other work inflates tails.
+	LoadAverage [2]float64 `json:"load_average"`
+
+	began time.Time
+}
+
+// StartRun records the start of a run.
+func StartRun() Run {
+	now := time.Now()
+	return Run{Started: now.UTC().Format(time.RFC3339), Machine: Machine(), LoadAverage: [2]float64{LoadAverage(), 0}, began: now}
+}
+
+// Finish records the end of the run.
+func (r *Run) Finish() {
+	r.LoadAverage[1] = LoadAverage()
+	r.Duration = time.Since(r.began).Round(time.Second).String()
+}
 
 // Machine is "<cpus> × <model name>" from /proc/cpuinfo, "" elsewhere.
 func Machine() string {
