@@ -21,7 +21,8 @@ import (
 //   - Without a subset hint, the candidates are the local endpoints plus the
 //     fresh remote ones. With the cross-cluster filter configured, remote
 //     endpoints are added only once no local endpoint has headroom (the
-//     filter would drop them anyway), and then only the least loaded few.
+//     filter would drop them anyway), and then only the least loaded few,
+//     next to the least loaded few local ones.
 //   - With a hint (x-gateway-destination-endpoint-subset in metadata
 //     namespace envoy.lb.subset_hint), the candidates are the local
 //     endpoints matching a hinted ip:port (IP and port; an entry without a
@@ -42,6 +43,7 @@ type candidates struct {
 	gate interface {
 		LocalSaturated(local []fwkdl.Endpoint) bool
 		RemoteCandidates(local []fwkdl.Endpoint, remote federation.Remote) []fwkdl.Endpoint
+		LocalCandidates(local []fwkdl.Endpoint) []fwkdl.Endpoint
 	}
 	// failOpen reports the pool's failureMode.
 	failOpen          func(ctx context.Context) bool
@@ -76,7 +78,11 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 	if c.gate == nil {
 		return remote.AppendFresh(local)
 	}
-	return append(local, c.gate.RemoteCandidates(local, remote)...)
+	spill := c.gate.RemoteCandidates(local, remote)
+	if len(spill) == 0 {
+		return local
+	}
+	return append(c.gate.LocalCandidates(local), spill...)
 }
 
 // subsetHint returns the hinted endpoints when the request carries a hint.

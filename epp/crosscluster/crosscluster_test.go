@@ -106,6 +106,10 @@ func TestFactoriesRefuseInvalidParameters(t *testing.T) {
 			_, err := FilterFactory("f", json.RawMessage(`{"metricsStalenessThreshold": 200}`), nil)
 			return err
 		}},
+		{"filter: no local candidates on spill", func() error {
+			_, err := FilterFactory("f", json.RawMessage(`{"maxLocalCandidatesOnSpill": 0}`), nil)
+			return err
+		}},
 		{"scorer: cost above 1", func() error {
 			_, err := ScorerFactory("s", json.RawMessage(`{"networkCost": 2}`), nil)
 			return err
@@ -186,6 +190,59 @@ func TestRemoteCandidatesAreTheLeastLoadedFewAndOnlyOnSpill(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestLocalCandidatesOnSpillAreTheLeastLoadedFew(t *testing.T) {
+	dl := func(name string, waiting int, kv float64) fwkdl.Endpoint {
+		m := fwkdl.NewMetrics()
+		m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now
+		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}}, m)
+	}
+	noMetrics := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: "unscraped"}}, nil)
+	p, err := FilterFactory("f", json.RawMessage(`{"maxLocalCandidatesOnSpill": 3}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.(*Filter)
+	f.now = func() time.Time { return now }
+	for _, tc := range []struct {
+		name  string
+		local []fwkdl.Endpoint
+		want  string
+	}{
+		{"queue first, then KV cache", []fwkdl.Endpoint{dl("q9", 9, 0), dl("q6-kv9", 6, 0.9), dl("q6-kv1", 6, 0.1),
+			dl("q5-kv95", 5, 0.95), dl("q7", 7, 0)}, "q5-kv95,q6-kv1,q6-kv9"},
+		{"endpoints never scraped last", []fwkdl.Endpoint{noMetrics, dl("q9", 9, 0), dl("q8", 8, 0), dl("q7", 7, 0)}, "q7,q8,q9"},
+		{"all of them when within the bound", []fwkdl.Endpoint{dl("q9", 9, 0), noMetrics}, "q9,unscraped"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 20 {
+				var got []string
+				for _, e := range f.LocalCandidates(tc.local) {
+					got = append(got, e.GetMetadata().NamespacedName.Name)
+				}
+				slices.Sort(got)
+				if strings.Join(got, ",") != tc.want {
+					t.Fatalf("kept %v, want %s", got, tc.want)
+				}
+			}
+		})
+	}
+	t.Run("equal loads do not always keep the same endpoints", func(t *testing.T) {
+		var local []fwkdl.Endpoint
+		for i := range 10 {
+			local = append(local, dl(fmt.Sprint("q6-", i), 6, 0.5))
+		}
+		kept := map[string]bool{}
+		for range 50 {
+			for _, e := range f.LocalCandidates(local) {
+				kept[e.GetMetadata().NamespacedName.Name] = true
+			}
+		}
+		if len(kept) < 6 {
+			t.Fatalf("50 spills kept only %d of 10 equally loaded endpoints", len(kept))
+		}
+	})
 }
 
 func TestRemoteCandidatesCarryTheViewsFreshness(t *testing.T) {

@@ -4,7 +4,7 @@
 //
 //	plugins:
 //	- type: cross-cluster-filter
-//	  parameters: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, maxRemoteCandidates: 16}
+//	  parameters: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, maxRemoteCandidates: 16, maxLocalCandidatesOnSpill: 16}
 //	- type: cross-cluster-scorer
 //	  parameters: {networkCost: 0.5, clusterCosts: {west: 0.3}}
 //	schedulingProfiles:
@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -52,6 +53,13 @@ type FilterParams struct {
 	// and scores every candidate on every pick, so without a bound a fleet
 	// of thousands of pods would make each spilled pick that much slower.
 	MaxRemoteCandidates int `json:"maxRemoteCandidates"`
+	// MaxLocalCandidatesOnSpill bounds how many local endpoints, the least
+	// loaded ones, stay candidates next to the remote ones when a request
+	// spills. None of them has headroom; the least loaded are the ones that
+	// can still win against a remote endpoint's network cost, and scoring
+	// every saturated local endpoint on every spilled pick would cost more
+	// than the spill itself.
+	MaxLocalCandidatesOnSpill int `json:"maxLocalCandidatesOnSpill"`
 }
 
 // DefaultFilterParams are used for parameters left out.
@@ -61,11 +69,13 @@ var DefaultFilterParams = FilterParams{
 	MetricsStalenessThreshold:       Duration(200 * time.Millisecond),
 	RemoteMetricsStalenessThreshold: Duration(time.Second),
 	MaxRemoteCandidates:             16,
+	MaxLocalCandidatesOnSpill:       16,
 }
 
 // Filter keeps requests in the local cluster while any local endpoint has
 // headroom. When none has, it adds the remote endpoints that have headroom
-// (local ones stay in, so scorers and the network cost decide); when no
+// (the least loaded local ones stay in, so scorers and the network cost
+// decide; the candidate lookup keeps MaxLocalCandidatesOnSpill); when no
 // remote endpoint has headroom either, spilling would not help and only
 // local endpoints remain. Without local endpoints, remote ones are kept.
 type Filter struct {
@@ -85,8 +95,8 @@ func FilterFactory(name string, raw json.RawMessage, _ fwkplugin.Handle) (fwkplu
 		}
 	}
 	if p.QueueDepthThreshold <= 0 || p.KVCacheUtilThreshold <= 0 || p.KVCacheUtilThreshold > 1 ||
-		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 || p.MaxRemoteCandidates <= 0 {
-		return nil, errors.New(FilterType + ": thresholds and maxRemoteCandidates must be positive and kvCacheUtilThreshold at most 1")
+		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 || p.MaxRemoteCandidates <= 0 || p.MaxLocalCandidatesOnSpill <= 0 {
+		return nil, errors.New(FilterType + ": thresholds, maxRemoteCandidates and maxLocalCandidatesOnSpill must be positive and kvCacheUtilThreshold at most 1")
 	}
 	return &Filter{name: name, params: p, now: time.Now}, nil
 }
@@ -144,15 +154,12 @@ func (f *Filter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.L
 func (f *Filter) RemoteCandidates(local []fwkdl.Endpoint, remote federation.Remote) []fwkdl.Endpoint {
 	k := f.params.MaxRemoteCandidates
 	roomSince := f.now().Add(-time.Duration(f.params.RemoteMetricsStalenessThreshold))
-	best := make([]ranked, 0, k)
+	best := make([]ranked[*federation.Entry], 0, k)
 	withRoom := false
 	// Equal loads rank in visiting order: start at a random peer, so that
 	// ties do not always go to the same cluster.
 	n := len(remote.Peers)
-	start := 0
-	if n > 1 {
-		start = rand.IntN(n)
-	}
+	start := randomStart(n)
 	for i := range n {
 		v := remote.Peers[(start+i)%n]
 		taken := 0
@@ -164,15 +171,15 @@ func (f *Filter) RemoteCandidates(local []fwkdl.Endpoint, remote federation.Remo
 			if e.Updated.Before(remote.Stale) {
 				continue
 			}
-			r := ranked{e: e, room: !e.Updated.Before(roomSince) && e.Queue() < f.params.QueueDepthThreshold &&
-				e.KVCacheUsage() < f.params.KVCacheUtilThreshold}
-			if r.room {
+			r := ranked[*federation.Entry]{v: e, queue: e.Queue(), kv: e.KVCacheUsage(),
+				ahead: !e.Updated.Before(roomSince) && e.Queue() < f.params.QueueDepthThreshold && e.KVCacheUsage() < f.params.KVCacheUtilThreshold}
+			if r.ahead {
 				withRoom = true
 			} else if len(local) > 0 {
 				continue
 			}
 			best = insertBounded(best, r)
-			if r.room {
+			if r.ahead {
 				if taken++; taken == k {
 					break
 				}
@@ -184,25 +191,65 @@ func (f *Filter) RemoteCandidates(local []fwkdl.Endpoint, remote federation.Remo
 	}
 	entries := make([]*federation.Entry, len(best))
 	for i, r := range best {
-		entries[i] = r.e
+		entries[i] = r.v
 	}
 	return federation.AppendEndpoints(nil, entries)
 }
 
+// LocalCandidates returns the local endpoints that stay candidates when a
+// request spills (RemoteCandidates gave some): the MaxLocalCandidatesOnSpill
+// least loaded, by queue then KV-cache usage, those with fresh metrics
+// first. None has headroom (the caller
+// checked LocalSaturated), so the rest rank below these on GIE's load
+// scorers; what could still favour one of them is a prefix-cache hit, which
+// is worth little behind a queue past the threshold.
+func (f *Filter) LocalCandidates(local []fwkdl.Endpoint) []fwkdl.Endpoint {
+	k := f.params.MaxLocalCandidatesOnSpill
+	if len(local) <= k {
+		return local
+	}
+	best := make([]ranked[fwkdl.Endpoint], 0, k)
+	// Saturated local endpoints often report equal loads: start at a random
+	// one, so that ties do not always keep the same endpoints.
+	now := f.now()
+	start := randomStart(len(local))
+	for i := range local {
+		ep := local[(start+i)%len(local)]
+		r := ranked[fwkdl.Endpoint]{v: ep, queue: math.MaxInt, kv: math.Inf(1)}
+		if m := ep.GetMetrics(); m != nil {
+			r.queue, r.kv = m.WaitingQueueSize, m.KVCacheUsagePercent
+			r.ahead = now.Sub(m.UpdateTime) <= time.Duration(f.params.MetricsStalenessThreshold)
+		}
+		best = insertBounded(best, r)
+	}
+	out := make([]fwkdl.Endpoint, len(best))
+	for i, r := range best {
+		out[i] = r.v
+	}
+	return out
+}
+
+func randomStart(n int) int {
+	if n > 1 {
+		return rand.IntN(n)
+	}
+	return 0
+}
+
 // insertBounded inserts r into best, which is ordered and holds at most
 // cap(best) endpoints, after those that rank equal.
-func insertBounded(best []ranked, r ranked) []ranked {
+func insertBounded[T any](best []ranked[T], r ranked[T]) []ranked[T] {
 	if len(best) == cap(best) && !r.less(best[len(best)-1]) {
 		return best
 	}
-	i, _ := slices.BinarySearchFunc(best, r, func(a, b ranked) int {
+	i, _ := slices.BinarySearchFunc(best, r, func(a, b ranked[T]) int {
 		if a.less(b) {
 			return -1
 		}
 		return 1
 	})
 	if len(best) < cap(best) {
-		best = append(best, ranked{})
+		best = append(best, ranked[T]{})
 	}
 	copy(best[i+1:], best[i:len(best)-1])
 	best[i] = r
@@ -221,21 +268,24 @@ func (f *Filter) LocalSaturated(local []fwkdl.Endpoint) bool {
 	return true
 }
 
-// ranked orders remote endpoints by load: those with headroom first, then
-// by queue, then by KV-cache usage.
-type ranked struct {
-	e    *federation.Entry
-	room bool
+// ranked orders endpoints by load: those ahead first (remote endpoints
+// with headroom, local endpoints with fresh metrics), then by queue, then by
+// KV-cache usage.
+type ranked[T any] struct {
+	v     T
+	ahead bool
+	queue int
+	kv    float64
 }
 
-func (a ranked) less(b ranked) bool {
-	if a.room != b.room {
-		return a.room
+func (a ranked[T]) less(b ranked[T]) bool {
+	if a.ahead != b.ahead {
+		return a.ahead
 	}
-	if a.e.Queue() != b.e.Queue() {
-		return a.e.Queue() < b.e.Queue()
+	if a.queue != b.queue {
+		return a.queue < b.queue
 	}
-	return a.e.KVCacheUsage() < b.e.KVCacheUsage()
+	return a.kv < b.kv
 }
 
 func (f *Filter) hasRoom(m *fwkdl.Metrics, now time.Time, staleAfter Duration) bool {
