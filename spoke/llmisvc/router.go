@@ -196,7 +196,7 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 	rt.pool = &igwapiv1.InferencePool{}
 	if err := r.Get(ctx, client.ObjectKeyFromObject(want), rt.pool); err != nil {
 		rt.pool = nil
-		errs = append(errs, err)
+		errs = append(errs, notObserved(svc, v1alpha2.InferencePoolReady, "InferencePool", want.Name, err))
 	}
 	return errors.Join(errs...)
 }
@@ -430,7 +430,7 @@ func (r *Reconciler) reconcileManagedRoute(ctx context.Context, svc *v1alpha2.LL
 	}
 	cur := &gwapiv1.HTTPRoute{}
 	if err := r.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
-		return err
+		return notObserved(svc, v1alpha2.HTTPRoutesReady, "HTTPRoute", want.Name, err)
 	}
 	rt.addRoute(cur)
 	return nil

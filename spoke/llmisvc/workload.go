@@ -239,9 +239,10 @@ func (r *Reconciler) reconcileLWS(ctx context.Context, svc *v1alpha2.LLMInferenc
 	return nil
 }
 
-// notObserved marks a workload condition False when the workload's state
-// could not be read, as when the cache has not yet seen an object just
-// created: an absent sub-condition would count as met in WorkloadsReady. A
+// notObserved marks a condition False when the state of the object behind
+// it could not be read, as when the cache has not yet seen an object just
+// created: an absent sub-condition would count as met in WorkloadsReady or
+// RouterReady. A
 // NotFound is that cache lag, which the watch on the object ends; any other
 // error is returned for a retry.
 func notObserved(svc *v1alpha2.LLMInferenceService, cond v1alpha2.ConditionType, kind, name string, err error) error {
