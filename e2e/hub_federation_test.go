@@ -36,6 +36,33 @@ func directory(ctx context.Context, c *fleet.Cluster, ns, svc string) (*federati
 	return federation.ParseDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
 }
 
+// pickersConnected waits for each member's picker of service ns/name to
+// hold a stream to every other member and their pods.
+func pickersConnected(t *testing.T, ns, name string, members ...string) {
+	t.Helper()
+	eventually(t, 30*time.Second, "pickers connected", func(ctx context.Context) error {
+		for _, m := range members {
+			pod := pickerPod(t, fl.Spoke(m), ns, name)
+			got, err := fedpool.EPPMetrics(ctx, pod)
+			if err != nil {
+				return fmt.Errorf("%s: %w", m, err)
+			}
+			if n := got["fleetinfer_epp_federation_peers_connected"]; int(n) != len(members)-1 {
+				return fmt.Errorf("%s's picker has %v peers connected, want %d", m, n, len(members)-1)
+			}
+			for _, o := range members {
+				if o == m {
+					continue
+				}
+				if n := got[fmt.Sprintf("fleetinfer_epp_federation_remote_endpoints{peer=%q}", o)]; n != 1 {
+					return fmt.Errorf("%s's picker holds %v endpoints of %s, want 1", m, n, o)
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // A service placed on several spokes gets federated endpoint pickers without
 // anyone writing a peer list or a certificate: the hub publishes to each
 // cluster a directory of the other clusters' pickers and an mTLS certificate
@@ -85,34 +112,8 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 			return nil
 		})
 	}
-	// connected waits for each member's picker to hold a stream to every
-	// other member and their pods.
-	connected := func(members ...string) {
-		t.Helper()
-		eventually(t, 30*time.Second, "pickers connected", func(ctx context.Context) error {
-			for _, m := range members {
-				pod := pickerPod(t, fl.Spoke(m), ns, name)
-				got, err := fedpool.EPPMetrics(ctx, pod)
-				if err != nil {
-					return fmt.Errorf("%s: %w", m, err)
-				}
-				if n := got["fleetinfer_epp_federation_peers_connected"]; int(n) != len(members)-1 {
-					return fmt.Errorf("%s's picker has %v peers connected, want %d", m, n, len(members)-1)
-				}
-				for _, o := range members {
-					if o == m {
-						continue
-					}
-					if n := got[fmt.Sprintf("fleetinfer_epp_federation_remote_endpoints{peer=%q}", o)]; n != 1 {
-						return fmt.Errorf("%s's picker holds %v endpoints of %s, want 1", m, n, o)
-					}
-				}
-			}
-			return nil
-		})
-	}
 	want("central", "east", "west")
-	connected("central", "east", "west")
+	pickersConnected(t, ns, name, "central", "east", "west")
 
 	// Each picker's certificate names its own cluster, signed by the hub's CA.
 	sec := &corev1.Secret{}
@@ -134,5 +135,5 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 	})
 	hubReady(t, ns, name, "east=1,west=1", 60*time.Second)
 	want("east", "west")
-	connected("east", "west")
+	pickersConnected(t, ns, name, "east", "west")
 }

@@ -35,7 +35,8 @@ func run(m *testing.M) int {
 	// The gateways run controller-runtime caches in this process.
 	ctrllog.SetLogger(log)
 	var err error
-	fl, err = fleet.Start(ctx, fleet.Options{Spokes: fleet.DefaultSpokes(), Log: log})
+	fl, err = fleet.Start(ctx, fleet.Options{Spokes: fleet.DefaultSpokes(), Log: log,
+		HubArgs: []string{"--federation-ca-rotation-overlap=" + hubCAOverlap.String()}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "local fleet did not start:", err)
 		if fl != nil {

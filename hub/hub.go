@@ -78,6 +78,9 @@ type Options struct {
 	// FederationCASecret is the Secret in Namespace holding the federation
 	// CA (created when missing).
 	FederationCASecret string
+	// FederationCAOverlap is how long each phase of a federation CA
+	// rotation lasts (peers.Authority.Overlap).
+	FederationCAOverlap time.Duration
 	// TrustDomain is the SPIFFE trust domain of endpoint-picker identities.
 	TrustDomain string
 	// Gateway is each spoke's inference Gateway.
@@ -109,7 +112,8 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 		return err
 	}
 	fed := &peers.Reconciler{Hub: local.GetClient(), Inv: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub"),
-		CA:   &peers.Authority{Client: local.GetClient(), Secret: client.ObjectKey{Namespace: opts.Namespace, Name: opts.FederationCASecret}},
+		CA: &peers.Authority{Client: local.GetClient(), Reader: local.GetAPIReader(),
+			Secret: client.ObjectKey{Namespace: opts.Namespace, Name: opts.FederationCASecret}, Overlap: opts.FederationCAOverlap},
 		Opts: peers.Options{TrustDomain: opts.TrustDomain, Gateway: opts.Gateway, Workers: opts.Workers}}
 	if err := fed.SetupWithManager(ctx, mgr); err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	"github.com/fleetinfer/fleetinfer/hub"
+	"github.com/fleetinfer/fleetinfer/hub/peers"
 	"github.com/fleetinfer/fleetinfer/internal/managerflags"
 )
 
@@ -24,6 +25,7 @@ func main() {
 	flag.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "How often each spoke's API server is probed.")
 	flag.DurationVar(&opts.OrphanInterval, "orphan-collection-interval", 30*time.Second, "How often spokes are swept for copies no hub object accounts for.")
 	flag.StringVar(&opts.FederationCASecret, "federation-ca-secret", "fleetinfer-federation-ca", "Secret in --cluster-namespace holding the CA (tls.crt, tls.key) that signs endpoint pickers' federation certificates; created when missing.")
+	flag.DurationVar(&opts.FederationCAOverlap, "federation-ca-rotation-overlap", peers.DefaultOverlap, "When the CA in --federation-ca-secret is replaced: how long pickers trust both CAs before their certificates are re-signed by the new one, and again before the old CA is dropped. Longer than a Secret takes to reach a picker's files.")
 	flag.StringVar(&opts.TrustDomain, "federation-trust-domain", "fleetinfer.io", "SPIFFE trust domain of endpoint-picker identities (spiffe://<domain>/cluster/<c>/ns/<ns>/llminferenceservice/<name>).")
 	flag.IntVar(&opts.Workers, "concurrent-service-syncs", 8, "Services reconciled at once by each hub controller.")
 	gateway := flag.String("spoke-gateway", "fleetinfer-system/inference-gateway", "namespace/name of each spoke's inference Gateway, whose address peers use in Parent mode.")

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -78,52 +79,119 @@ func TestAuthorityCreatesItsCAOnceAndIssuesCertificatesItRecognises(t *testing.T
 
 	// A second hub replica uses the same CA rather than making its own.
 	b := &Authority{Client: env.Client, Secret: key}
-	renewAt, ok, err := b.Current(ctx, id, got.cert, got.ca)
-	if err != nil || !ok || !renewAt.Equal(got.renewAt) {
-		t.Errorf("Current on a fresh certificate = %v, %v, %v; want true at %v", renewAt, ok, err, got.renewAt)
+	v, err := b.Check(ctx, id, got.cert)
+	if err != nil || !v.KeepLeaf || !v.Recheck.Equal(got.recheck) || string(v.Bundle) != string(got.ca) {
+		t.Errorf("Check on a fresh certificate = %+v, %v; want kept until %v with the CA as bundle", v, err, got.recheck)
 	}
-	if _, ok, _ := b.Current(ctx, strings.Replace(id, "east", "west", 1), got.cert, got.ca); ok {
-		t.Error("a certificate for east is current for west")
+	if v, _ := b.Check(ctx, strings.Replace(id, "east", "west", 1), got.cert); v.KeepLeaf {
+		t.Error("a certificate for east is kept for west")
 	}
-	if _, ok, _ := b.Current(ctx, id, []byte("not PEM"), got.ca); ok {
-		t.Error("garbage is a current certificate")
+	if v, _ := b.Check(ctx, id, []byte("not PEM")); v.KeepLeaf {
+		t.Error("garbage is kept as a certificate")
 	}
 }
 
-func TestAuthorityReissuesWhenTheCAIsReplaced(t *testing.T) {
+// replaceCA puts a new CA into the authority's Secret, as a platform team
+// bringing its own would, and returns its certificate.
+func replaceCA(t *testing.T, key client.ObjectKey) []byte {
+	t.Helper()
+	ctx := context.Background()
+	scratch := &Authority{Client: env.Client, Secret: client.ObjectKey{Namespace: key.Namespace, Name: key.Name + "-scratch"}}
+	st, err := scratch.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := &corev1.Secret{}
+	if err := env.Client.Get(ctx, scratch.Secret, fresh); err != nil {
+		t.Fatal(err)
+	}
+	cur := &corev1.Secret{}
+	if err := env.Client.Get(ctx, key, cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Data = fresh.Data
+	if err := env.Client.Update(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	return st.pem
+}
+
+func verifies(t *testing.T, certPEM, bundle []byte) bool {
+	t.Helper()
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(bundle) {
+		t.Fatal("bundle holds no certificate")
+	}
+	_, err := leaf(t, certPEM).Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	return err == nil
+}
+
+// Replacing the CA never leaves two pickers unable to verify each other:
+// first every picker trusts both CAs and keeps its certificate, then
+// certificates are re-signed by the new CA, and only then is the old CA
+// dropped. A hub restarted in between carries on where it was.
+func TestAuthorityRotatesTheCAWithAnOverlap(t *testing.T) {
 	ctx := context.Background()
 	key := client.ObjectKey{Namespace: testNamespace(t), Name: "federation-ca"}
-	a := &Authority{Client: env.Client, Secret: key}
-	const id = "spiffe://fleetinfer.io/cluster/east/ns/team/llminferenceservice/llama"
-	old, err := a.Issue(ctx, id)
+	clock := time.Now()
+	const overlap = 10 * time.Minute
+	newAuthority := func() *Authority {
+		return &Authority{Client: env.Client, Secret: key, Overlap: overlap, now: func() time.Time { return clock }}
+	}
+	a := newAuthority()
+	const east, west = "spiffe://fleetinfer.io/cluster/east/x", "spiffe://fleetinfer.io/cluster/west/x"
+	oldEast, err := a.Issue(ctx, east)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A platform team brings its own CA: the old leaves are no longer current.
-	if err := env.Client.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}); err != nil {
-		t.Fatal(err)
+	oldCA := oldEast.ca
+
+	rotatedAt := clock
+	newCA := replaceCA(t, key)
+	var v Verdict
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: last verdict %+v", what, v)
+			}
+		}
 	}
-	other := &Authority{Client: env.Client, Secret: client.ObjectKey{Namespace: key.Namespace, Name: "scratch"}}
-	if _, err := other.Issue(ctx, id); err != nil {
-		t.Fatal(err)
+	// Phase 1: the bundle holds both CAs; the old leaf is kept; a leaf
+	// issued now is signed by the new CA and verifies against the bundle the
+	// old leaf's holder gets, and the old leaf against the new holder's.
+	eventually("the bundle grows to both CAs", func() bool {
+		v, err = a.Check(ctx, east, oldEast.cert)
+		return err == nil && string(v.Bundle) == string(newCA)+string(oldCA)
+	})
+	if !v.KeepLeaf || !v.Recheck.Equal(rotatedAt.Add(overlap)) {
+		t.Fatalf("phase 1: %+v; want the old leaf kept until %v", v, rotatedAt.Add(overlap))
 	}
-	own := &corev1.Secret{}
-	if err := env.Client.Get(ctx, other.Secret, own); err != nil {
-		t.Fatal(err)
-	}
-	mine := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}, Type: corev1.SecretTypeTLS, Data: own.Data}
-	if err := env.Client.Create(ctx, mine); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok, err := a.Current(ctx, id, old.cert, old.ca); err != nil || ok {
-		t.Fatalf("a leaf of the replaced CA is current (%v, %v)", ok, err)
-	}
-	fresh, err := a.Issue(ctx, id)
+	newWest, err := a.Issue(ctx, west)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(fresh.ca) != string(own.Data[corev1.TLSCertKey]) {
-		t.Error("the new leaf is not signed by the team's CA")
+	if !verifies(t, newWest.cert, v.Bundle) || !verifies(t, oldEast.cert, newWest.ca) || verifies(t, newWest.cert, oldCA) {
+		t.Fatal("phase 1: the new leaf is not signed by the new CA, or either leaf does not verify against the bundle")
+	}
+
+	// A restarted hub sees the same rotation.
+	clock = rotatedAt.Add(overlap + time.Second)
+	a = newAuthority()
+	// Phase 2: leaves of the old CA are re-signed; the bundle keeps both.
+	v, err = a.Check(ctx, east, oldEast.cert)
+	if err != nil || v.KeepLeaf || string(v.Bundle) != string(newCA)+string(oldCA) {
+		t.Fatalf("phase 2: %+v, %v; want the old leaf replaced, both CAs trusted", v, err)
+	}
+	if v, _ := a.Check(ctx, west, newWest.cert); !v.KeepLeaf || !v.Recheck.Equal(rotatedAt.Add(2*overlap)) {
+		t.Fatalf("phase 2: a leaf of the new CA %+v; want kept, rechecked at %v", v, rotatedAt.Add(2*overlap))
+	}
+
+	// Done: only the new CA is trusted.
+	clock = rotatedAt.Add(2*overlap + time.Second)
+	v, err = a.Check(ctx, west, newWest.cert)
+	if err != nil || !v.KeepLeaf || string(v.Bundle) != string(newCA) {
+		t.Fatalf("after the rotation: %+v, %v; want the new leaf kept and the new CA alone", v, err)
 	}
 }
 

@@ -10,6 +10,7 @@
 package peers
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -56,6 +57,7 @@ const (
 	ReasonNotOurs           = "FederationObjectNotOurs"
 	ReasonGatewayUnknown    = "FederationGatewayUnknown"
 	ReasonCertificateIssued = "FederationCertificateIssued"
+	ReasonTrustUpdated      = "FederationTrustBundleUpdated"
 )
 
 var (
@@ -279,8 +281,8 @@ func (r *Reconciler) ensureDirectory(ctx context.Context, svc *v1alpha2.LLMInfer
 	return err
 }
 
-// ensureCertificate keeps m's picker certificate current and returns when
-// it falls due for renewal.
+// ensureCertificate keeps m's picker certificate and trust bundle current
+// and returns when to look again.
 func (r *Reconciler) ensureCertificate(ctx context.Context, svc *v1alpha2.LLMInferenceService, m member) (time.Time, error) {
 	id := r.identity(m.cluster.Name, svc)
 	name := fleetv1alpha1.FederationTLSName(svc.Name)
@@ -290,29 +292,49 @@ func (r *Reconciler) ensureCertificate(ctx context.Context, svc *v1alpha2.LLMInf
 		return time.Time{}, err
 	}
 	if err == nil {
-		renewAt, ok, err := r.CA.Current(ctx, id, cur.Data[corev1.TLSCertKey], cur.Data[corev1.ServiceAccountRootCAKey])
-		if err != nil || ok {
-			return renewAt, err
+		v, err := r.CA.Check(ctx, id, cur.Data[corev1.TLSCertKey])
+		if err != nil {
+			return time.Time{}, err
+		}
+		if v.KeepLeaf {
+			if bytes.Equal(cur.Data[corev1.ServiceAccountRootCAKey], v.Bundle) {
+				return v.Recheck, nil
+			}
+			// A rotation changed the trust bundle only: the picker keeps its
+			// certificate, so its open streams stay up.
+			changed, err := r.publishCertificate(ctx, svc, m, name, cur.Data[corev1.TLSCertKey], cur.Data[corev1.TLSPrivateKeyKey], v.Bundle)
+			if changed {
+				r.Recorder.Eventf(svc, corev1.EventTypeNormal, ReasonTrustUpdated, "Updated the federation trust bundle of the endpoint picker in cluster %s to %d CAs",
+					m.cluster.Name, bytes.Count(v.Bundle, []byte("BEGIN CERTIFICATE")))
+			}
+			return v.Recheck, err
 		}
 	}
 	cert, err := r.CA.Issue(ctx, id)
 	if err != nil {
 		return time.Time{}, err
 	}
+	changed, err := r.publishCertificate(ctx, svc, m, name, cert.cert, cert.key, cert.ca)
+	if changed {
+		r.Recorder.Eventf(svc, corev1.EventTypeNormal, ReasonCertificateIssued, "Issued the federation certificate of the endpoint picker in cluster %s for %s", m.cluster.Name, id)
+	}
+	return cert.recheck, err
+}
+
+// publishCertificate writes a picker's certificate Secret and reports
+// whether it changed.
+func (r *Reconciler) publishCertificate(ctx context.Context, svc *v1alpha2.LLMInferenceService, m member, name string, cert, key, bundle []byte) (bool, error) {
 	want := &corev1.Secret{
 		ObjectMeta: r.childMeta(m, name),
 		Type:       corev1.SecretTypeTLS,
-		Data: map[string][]byte{corev1.TLSCertKey: cert.cert, corev1.TLSPrivateKeyKey: cert.key,
-			corev1.ServiceAccountRootCAKey: cert.ca},
+		Data: map[string][]byte{corev1.TLSCertKey: cert, corev1.TLSPrivateKeyKey: key,
+			corev1.ServiceAccountRootCAKey: bundle},
 	}
 	changed, err := apply(ctx, r, svc, m, want, func(cur *corev1.Secret) bool {
 		cur.Data, cur.Type = want.Data, want.Type
 		return true
 	})
-	if changed && err == nil {
-		r.Recorder.Eventf(svc, corev1.EventTypeNormal, ReasonCertificateIssued, "Issued the federation certificate of the endpoint picker in cluster %s for %s", m.cluster.Name, id)
-	}
-	return cert.renewAt, err
+	return changed && err == nil, err
 }
 
 // childMeta labels a published object as the hub's and makes the copy its

@@ -45,6 +45,16 @@ func NewCA(name string) (*CA, error) {
 	return &CA{cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
+// KeyPEM returns the CA's private key (PKCS#8 PEM), for a test that hands
+// the CA to another issuer.
+func (ca *CA) KeyPEM() ([]byte, error) {
+	kb, err := x509.MarshalPKCS8PrivateKey(ca.key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), nil
+}
+
 // Issue returns a certificate and key (PEM) for identity, a URI
 // (scheme://...) or a DNS name, usable by both servers and clients.
 func (ca *CA) Issue(identity string) (certPEM, keyPEM []byte, err error) {
