@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
@@ -134,6 +135,38 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 		return fl.Hub.Client.Update(ctx, p)
 	})
 	hubReady(t, ns, name, "east=1,west=1", 60*time.Second)
+	want("east", "west")
+	pickersConnected(t, ns, name, "east", "west")
+
+	// Stopping the service removes its pickers, and with them what the hub
+	// published for them; starting it again publishes afresh.
+	setStopped := func(stopped string) {
+		t.Helper()
+		eventually(t, 10*time.Second, "annotate "+v1alpha2.StopAnnotation+"="+stopped, func(ctx context.Context) error {
+			cur := &v1alpha2.LLMInferenceService{}
+			if err := fl.Hub.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cur); err != nil {
+				return err
+			}
+			if cur.Annotations == nil {
+				cur.Annotations = map[string]string{}
+			}
+			cur.Annotations[v1alpha2.StopAnnotation] = stopped
+			return fl.Hub.Client.Update(ctx, cur)
+		})
+	}
+	setStopped("true")
+	eventually(t, 30*time.Second, "federation objects removed from stopped copies", func(ctx context.Context) error {
+		for _, m := range []string{"east", "west"} {
+			if _, err := directory(ctx, fl.Spoke(m), ns, name); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("%s: peer directory still there (%v)", m, err)
+			}
+			if _, err := federationSecret(ctx, m, ns, name); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("%s: certificate still there (%v)", m, err)
+			}
+		}
+		return nil
+	})
+	setStopped("false")
 	want("east", "west")
 	pickersConnected(t, ns, name, "east", "west")
 }

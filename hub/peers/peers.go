@@ -58,6 +58,7 @@ const (
 	ReasonGatewayUnknown    = "FederationGatewayUnknown"
 	ReasonCertificateIssued = "FederationCertificateIssued"
 	ReasonTrustUpdated      = "FederationTrustBundleUpdated"
+	ReasonUnpublished       = "FederationUnpublished"
 )
 
 var (
@@ -113,8 +114,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	members := r.members(ctx, svc)
+	members, retired := r.members(ctx, svc)
 	var errs []error
+	for _, m := range retired {
+		if m.cluster.Available() {
+			if err := r.unpublish(ctx, svc, m); err != nil {
+				errs = append(errs, fmt.Errorf("cluster %s: %w", m.cluster.Name, err))
+			}
+		}
+	}
 	var renew time.Time
 	for _, m := range members {
 		if !m.cluster.Available() {
@@ -140,24 +148,53 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 }
 
 // members finds the clusters that run a federated copy of svc, sorted by
-// name so that directories are written the same way every time.
-func (r *Reconciler) members(ctx context.Context, svc *v1alpha2.LLMInferenceService) []member {
-	var out []member
+// name so that directories are written the same way every time, and the
+// copies that do not federate (any more): federation disabled, or the
+// service stopped, which removes its picker.
+func (r *Reconciler) members(ctx context.Context, svc *v1alpha2.LLMInferenceService) (members, retired []member) {
 	for _, c := range r.Inv.Clusters(ctx) {
 		cp := &v1alpha2.LLMInferenceService{}
 		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(svc), cp); err != nil {
 			continue
 		}
-		if cp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub || !cp.DeletionTimestamp.IsZero() ||
-			cp.Annotations[fleetv1alpha1.FederationClusterAnnotation] == "" {
+		if cp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub || !cp.DeletionTimestamp.IsZero() {
 			continue
 		}
 		m := member{cluster: c, copy: cp}
+		if cp.Annotations[fleetv1alpha1.FederationClusterAnnotation] == "" || cp.Stopped() {
+			retired = append(retired, m)
+			continue
+		}
 		m.peer = r.peer(ctx, svc, c, cp)
-		out = append(out, m)
+		members = append(members, m)
 	}
-	slices.SortFunc(out, func(a, b member) int { return strings.Compare(a.cluster.Name, b.cluster.Name) })
-	return out
+	slices.SortFunc(members, func(a, b member) int { return strings.Compare(a.cluster.Name, b.cluster.Name) })
+	return members, retired
+}
+
+// unpublish removes the peer directory and certificate the hub published
+// next to a copy that no longer federates: its picker is gone or runs
+// alone, and a certificate left behind would be a credential nobody uses.
+func (r *Reconciler) unpublish(ctx context.Context, svc *v1alpha2.LLMInferenceService, m member) error {
+	var errs []error
+	for _, o := range []client.Object{
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: fleetv1alpha1.PeerDirectoryName(svc.Name)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: fleetv1alpha1.FederationTLSName(svc.Name)}},
+	} {
+		// The cache holds only what the hub labelled as its own.
+		if err := m.cluster.Client.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
+			errs = append(errs, client.IgnoreNotFound(err))
+			continue
+		}
+		err := m.cluster.Client.Delete(ctx, o, client.Preconditions{UID: ptr.To(o.GetUID())})
+		if err == nil {
+			federationWrites.WithLabelValues(m.cluster.Name, kindOf(o)).Inc()
+			r.Recorder.Eventf(svc, corev1.EventTypeNormal, ReasonUnpublished, "Removed the federation %s of the endpoint picker in cluster %s: its copy does not federate",
+				kindOf(o), m.cluster.Name)
+		}
+		errs = append(errs, client.IgnoreNotFound(err))
+	}
+	return errors.Join(errs...)
 }
 
 // peer is the directory entry of one cluster's picker, or nil while it

@@ -115,11 +115,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // rolls the sub-conditions up into WorkloadsReady, RouterReady and Ready.
 func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceService) (ctrl.Result, error) {
 	st := &svc.Status.Status
-	if stopped(svc) {
+	if svc.Stopped() {
 		err := r.teardown(ctx, svc)
 		svc.Status.Workloads, svc.Status.Router, svc.Status.Addresses, svc.Status.URL = nil, nil, nil, nil
 		for _, t := range []v1alpha2.ConditionType{v1alpha2.PresetsCombined, v1alpha2.WorkloadsReady, v1alpha2.RouterReady} {
-			st.MarkFalse(t, "Stopped", "Service is stopped (annotation %s=true)", StopAnnotation)
+			st.MarkFalse(t, "Stopped", "Service is stopped (annotation %s=true)", v1alpha2.StopAnnotation)
 		}
 		st.Aggregate(v1alpha2.Ready, v1alpha2.ReadyDependents)
 		return ctrl.Result{}, err
@@ -153,10 +153,6 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	st.Aggregate(v1alpha2.RouterReady, v1alpha2.RouterSubConditions)
 	st.Aggregate(v1alpha2.Ready, v1alpha2.ReadyDependents)
 	return ctrl.Result{RequeueAfter: requeue}, errors.Join(errs...)
-}
-
-func stopped(svc *v1alpha2.LLMInferenceService) bool {
-	return strings.EqualFold(svc.Annotations[StopAnnotation], "true")
 }
 
 // teardown removes every workload and router child, for the stop annotation.

@@ -32,8 +32,6 @@ const (
 	ComponentScheduler       = "llminferenceservice-router-scheduler"
 	ComponentRouter          = "llminferenceservice-router"
 
-	// StopAnnotation set to "true" removes workloads and router objects.
-	StopAnnotation = "serving.kserve.io/stop"
 	// Finalizer guards cluster-scoped children, which have no owner reference.
 	Finalizer = "serving.kserve.io/llmisvc-finalizer"
 	// ModelRoutingAnnotation is a preset switch that must not reach pods.

@@ -1,6 +1,8 @@
 package v1alpha2
 
 import (
+	"strings"
+
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -29,6 +31,15 @@ type LLMInferenceService struct {
 
 	Spec   LLMInferenceServiceSpec   `json:"spec,omitempty"`
 	Status LLMInferenceServiceStatus `json:"status,omitempty"`
+}
+
+// StopAnnotation set to "true" stops a service, as in KServe: its workloads
+// and router objects are removed, and the hub stops federating its picker.
+const StopAnnotation = "serving.kserve.io/stop"
+
+// Stopped reports whether the service carries the stop annotation.
+func (s *LLMInferenceService) Stopped() bool {
+	return strings.EqualFold(s.Annotations[StopAnnotation], "true")
 }
 
 // +kubebuilder:object:root=true
