@@ -14,6 +14,8 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
@@ -148,6 +150,9 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 
 	ns := namespace(t, hub)
 	svc := gpuService(ns, "installed", 1, 1)
+	// With an endpoint picker, so that the hub also publishes its peer
+	// directory and certificate, under the spoke-access admission policy.
+	svc.Spec.Router = &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{}}
 	placement := &fleetv1alpha1.InferencePlacement{ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: ns},
 		Spec: fleetv1alpha1.InferencePlacementSpec{ServiceSelector: &metav1.LabelSelector{MatchLabels: svc.Labels}}}
 	for _, o := range []client.Object{svc, placement} {
@@ -165,15 +170,25 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 		}
 		return spoke.Client.Get(ctx, client.ObjectKeyFromObject(svc), &v1alpha2.LLMInferenceService{})
 	})
+	eventually(t, 30*time.Second, "federation objects published in the spoke", func(ctx context.Context) error {
+		for _, o := range []client.Object{
+			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svc.Name)}},
+			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fleetv1alpha1.FederationTLSName(svc.Name)}},
+		} {
+			if err := spoke.Client.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	hubWritesOnlyItsOwn(t, spoke, ns)
 
 	if b, err := os.ReadFile(logPath); err != nil || strings.Contains(strings.ToLower(string(b)), "forbidden") {
 		t.Errorf("the hub was refused something its RBAC should grant (%v):\n%s", err, b)
 	}
 	exposesDashboardMetrics(t, "the hub", "http://"+metricsAddr+"/metrics", []string{"fleetinfer_hub_", "controller_runtime_", "workqueue_"}, map[string]string{
 		"fleetinfer_hub_cluster_probe_failures_total": "needs an unreachable spoke",
-		"fleetinfer_hub_exported_pool_clusters":       "needs a service with a router (an InferencePool)",
-		"fleetinfer_hub_federation_directory_peers":   "needs a service with an endpoint picker",
-		"fleetinfer_hub_federation_writes_total":      "needs a service with an endpoint picker",
+		"fleetinfer_hub_exported_pool_clusters":       "needs a pool exported to another cluster",
 	})
 	if err := hub.Client.Delete(ctx, svc); err != nil {
 		t.Fatal(err)
@@ -185,4 +200,49 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 		}
 		return nil
 	})
+}
+
+// hubWritesOnlyItsOwn checks the spoke-access admission policy: acting as
+// the hub's ServiceAccount in the spoke, a ConfigMap or Secret the hub did
+// not label as its own cannot be created, changed or deleted, while one it
+// labelled can.
+func hubWritesOnlyItsOwn(t *testing.T, spoke *fleet.Cluster, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	cfg := rest.CopyConfig(spoke.Admin())
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + fleet.Namespace + ":fleetinfer-hub"}
+	asHub, err := client.New(cfg, client.Options{Scheme: fleet.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "someone-elses"}, StringData: map[string]string{"k": "v"}}
+	if err := spoke.Client.Create(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+	hubs := map[string]string{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}
+	refused := func(what string, err error) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "fleet.fleetinfer.io/managed-by=fleetinfer-hub") {
+			t.Errorf("the hub could %s: %v", what, err)
+		}
+	}
+	refused("create an unlabelled ConfigMap", asHub.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "unlabelled"}}))
+	relabelled := theirs.DeepCopy()
+	relabelled.Labels = hubs
+	refused("take over someone else's Secret by labelling it", asHub.Update(ctx, relabelled))
+	refused("delete someone else's Secret", asHub.Delete(ctx, theirs))
+
+	own := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hubs", Labels: hubs}}
+	if err := asHub.Create(ctx, own); err != nil {
+		t.Fatalf("the hub could not create a ConfigMap labelled as its own: %v", err)
+	}
+	own.Data = map[string]string{"k": "v"}
+	if err := asHub.Update(ctx, own); err != nil {
+		t.Errorf("the hub could not update its own ConfigMap: %v", err)
+	}
+	own.Labels = nil
+	refused("drop its label from its own ConfigMap", asHub.Update(ctx, own))
+	if err := asHub.Delete(ctx, own); err != nil {
+		t.Errorf("the hub could not delete its own ConfigMap: %v", err)
+	}
 }
