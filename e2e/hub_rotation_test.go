@@ -28,9 +28,9 @@ import (
 )
 
 // hubCAOverlap is the suite hub's --federation-ca-rotation-overlap: longer
-// than the local kubelet takes to sync a Secret volume (5 s) plus a
-// picker's reload (1 s).
-const hubCAOverlap = 10 * time.Second
+// than the local kubelet takes to sync a Secret volume (every 5 s) plus a
+// picker's reload (every 1 s), with room for a busy machine.
+const hubCAOverlap = 15 * time.Second
 
 // Replacing the hub's federation CA re-signs every picker's certificate
 // without a moment in which one picker, presenting the certificate the hub
