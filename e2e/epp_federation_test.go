@@ -337,14 +337,20 @@ func subscribeAs(t *testing.T, f *fedCluster, issuer *federationtest.CA, id stri
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
-	conn, err := grpc.NewClient("passthrough:///"+f.EPPAddr(fedpool.FederationPort), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	return subscribeOver(f.EPPAddr(fedpool.FederationPort), cfg, f.EPP.Namespace, fedPool)
+}
+
+// subscribeOver subscribes over TLS cfg to the federation server at addr
+// for pool ns/pool, and returns how the first receive ended.
+func subscribeOver(addr string, cfg *tls.Config, ns, pool string) error {
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := federationv1.NewFederationClient(conn).Subscribe(ctx, &federationv1.SubscribeRequest{PoolNamespace: f.EPP.Namespace, PoolName: fedPool})
+	st, err := federationv1.NewFederationClient(conn).Subscribe(ctx, &federationv1.SubscribeRequest{PoolNamespace: ns, PoolName: pool})
 	if err != nil {
 		return err
 	}

@@ -117,8 +117,8 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 	pickersConnected(t, ns, name, "central", "east", "west")
 
 	// Each picker's certificate names its own cluster, signed by the hub's CA.
-	sec := &corev1.Secret{}
-	if err := fl.Spoke("east").Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.FederationTLSName(name)}, sec); err != nil {
+	sec, err := federationSecret(context.Background(), "east", ns, name)
+	if err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, corev1.ServiceAccountRootCAKey} {

@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -23,7 +21,6 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
-	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 	"github.com/fleetinfer/fleetinfer/hub/peers"
 )
 
@@ -194,13 +191,19 @@ func verifyLeaf(certPEM, bundle []byte) error {
 	if b == nil {
 		return errors.New("tls.crt holds no PEM block")
 	}
-	leaf, err := x509.ParseCertificate(b.Bytes)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(bundle)
+	return verifyChain(b.Bytes, roots, x509.ExtKeyUsageClientAuth)
+}
+
+// verifyChain verifies a certificate (DER) for usage against roots, without
+// a host name: pickers name each other by URI.
+func verifyChain(der []byte, roots *x509.CertPool, usage x509.ExtKeyUsage) error {
+	leaf, err := x509.ParseCertificate(der)
 	if err != nil {
 		return err
 	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(bundle)
-	_, err = leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	_, err = leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}})
 	return err
 }
 
@@ -208,9 +211,7 @@ func verifyLeaf(certPEM, bundle []byte) error {
 // certificate and trust bundle the hub published for from's picker, and
 // returns how the first receive ended.
 func subscribeWithPublished(ns, name, from, addr string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s, err := federationSecret(ctx, from, ns, name)
+	s, err := federationSecret(context.Background(), from, ns, name)
 	if err != nil {
 		return err
 	}
@@ -221,26 +222,9 @@ func subscribeWithPublished(ns, name, from, addr string) error {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(s.Data[corev1.ServiceAccountRootCAKey])
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert},
-		// Pickers name each other by URI, not host name: verify the chain
-		// as the picker does, without a host name.
-		InsecureSkipVerify: true, //nolint:gosec // verified below
+		InsecureSkipVerify: true, //nolint:gosec // verified below, as the picker does
 		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			leaf, err := x509.ParseCertificate(raw[0])
-			if err != nil {
-				return err
-			}
-			_, err = leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-			return err
+			return verifyChain(raw[0], roots, x509.ExtKeyUsageServerAuth)
 		}}
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	st, err := federationv1.NewFederationClient(conn).Subscribe(ctx, &federationv1.SubscribeRequest{PoolNamespace: ns, PoolName: name + "-inference-pool"})
-	if err != nil {
-		return err
-	}
-	_, err = st.Recv()
-	return err
+	return subscribeOver(addr, cfg, ns, name+"-inference-pool")
 }

@@ -108,7 +108,7 @@ func (f *Filter) TypedName() fwkplugin.TypedName {
 func (f *Filter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
 	// Without a spill the candidate lookup adds no remote endpoint: pass the
 	// candidates through without copying them.
-	first := slices.IndexFunc(endpoints, func(ep fwksched.Endpoint) bool { return federation.OriginOf(ep) != nil })
+	first := slices.IndexFunc(endpoints, isRemote)
 	if first < 0 {
 		return endpoints
 	}
@@ -118,7 +118,7 @@ func (f *Filter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.L
 	var remoteRoom []fwksched.Endpoint
 	localRoom := false
 	for _, ep := range endpoints {
-		if federation.OriginOf(ep) == nil {
+		if !isRemote(ep) {
 			local = append(local, ep)
 			localRoom = localRoom || f.hasRoom(ep.GetMetrics(), now, f.params.MetricsStalenessThreshold)
 			continue
@@ -228,6 +228,9 @@ func (f *Filter) LocalCandidates(local []fwkdl.Endpoint) []fwkdl.Endpoint {
 	}
 	return out
 }
+
+// isRemote reports whether ep came from a peer EPP.
+func isRemote(ep fwksched.Endpoint) bool { return federation.OriginOf(ep) != nil }
 
 func randomStart(n int) int {
 	if n > 1 {

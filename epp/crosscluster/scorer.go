@@ -77,7 +77,7 @@ func (s *Scorer) Category() fwksched.ScorerCategory { return fwksched.Affinity }
 // scorer. (A weighted-random picker then weighs local candidates by the
 // other scorers alone.)
 func (s *Scorer) Score(_ context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) map[fwksched.Endpoint]float64 {
-	if !slices.ContainsFunc(endpoints, func(ep fwksched.Endpoint) bool { return federation.OriginOf(ep) != nil }) {
+	if !slices.ContainsFunc(endpoints, isRemote) {
 		return nil
 	}
 	scores := make(map[fwksched.Endpoint]float64, len(endpoints))

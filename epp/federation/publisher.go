@@ -303,13 +303,13 @@ func metricsOf(m *fwkdl.Metrics) *federationv1.EndpointMetrics {
 	out := &federationv1.EndpointMetrics{
 		NumRequestsWaiting: clampUint32(m.WaitingQueueSize),
 		NumRequestsRunning: clampUint32(m.RunningRequestsSize),
-		KvCacheUsage:       min(max(m.KVCacheUsagePercent, 0), 1),
+		KvCacheUsage:       kvUsage(m),
 		Cache: &federationv1.CacheConfig{BlockSize: clampUint32(m.CacheBlockSize), NumGpuBlocks: clampUint32(m.CacheNumBlocks),
 			MaxTokenCapacity: uint64(max(m.KvCacheMaxTokenCapacity, 0))},
 		ScrapeUnixNano: scrapeOf(m),
 	}
 	if hasLoRA(m) {
-		out.Lora = &federationv1.LoRAState{MaxAdapters: int32(min(m.MaxActiveModels, 1<<30)),
+		out.Lora = &federationv1.LoRAState{MaxAdapters: maxAdaptersOf(m),
 			Running: adapters(m.ActiveModels), Waiting: adapters(m.WaitingModels)}
 	}
 	return out
@@ -321,6 +321,12 @@ func scrapeOf(m *fwkdl.Metrics) int64 {
 	}
 	return m.UpdateTime.UnixNano()
 }
+
+// kvUsage and maxAdaptersOf are metricsOf's conversions, which sameValues
+// compares against.
+func kvUsage(m *fwkdl.Metrics) float64 { return min(max(m.KVCacheUsagePercent, 0), 1) }
+
+func maxAdaptersOf(m *fwkdl.Metrics) int32 { return int32(min(m.MaxActiveModels, 1<<30)) }
 
 func hasLoRA(m *fwkdl.Metrics) bool {
 	return m.MaxActiveModels > 0 || len(m.ActiveModels) > 0 || len(m.WaitingModels) > 0
@@ -354,7 +360,7 @@ func sameSpec(spec *federationv1.EndpointSpec, md *fwkdl.EndpointMetadata) bool 
 func sameValues(sent *federationv1.EndpointMetrics, m *fwkdl.Metrics) bool {
 	c := sent.GetCache()
 	if sent.GetNumRequestsWaiting() != clampUint32(m.WaitingQueueSize) || sent.GetNumRequestsRunning() != clampUint32(m.RunningRequestsSize) ||
-		sent.GetKvCacheUsage() != min(max(m.KVCacheUsagePercent, 0), 1) || c.GetBlockSize() != clampUint32(m.CacheBlockSize) ||
+		sent.GetKvCacheUsage() != kvUsage(m) || c.GetBlockSize() != clampUint32(m.CacheBlockSize) ||
 		c.GetNumGpuBlocks() != clampUint32(m.CacheNumBlocks) || c.GetMaxTokenCapacity() != uint64(max(m.KvCacheMaxTokenCapacity, 0)) {
 		return false
 	}
@@ -362,7 +368,7 @@ func sameValues(sent *federationv1.EndpointMetrics, m *fwkdl.Metrics) bool {
 	if !hasLoRA(m) {
 		return l == nil
 	}
-	return l != nil && l.GetMaxAdapters() == int32(min(m.MaxActiveModels, 1<<30)) &&
+	return l != nil && l.GetMaxAdapters() == maxAdaptersOf(m) &&
 		sameAdapters(l.GetRunning(), m.ActiveModels) && sameAdapters(l.GetWaiting(), m.WaitingModels)
 }
 

@@ -124,11 +124,7 @@ func (a *Authority) load(ctx context.Context) (*caState, error) {
 		}
 		trust = nil
 	}
-	version := s.ResourceVersion + "/"
-	if trust != nil {
-		version += trust.ResourceVersion
-	}
-	if version == a.version && a.st != nil {
+	if versionOf(s, trust) == a.version && a.st != nil {
 		return a.st, nil
 	}
 	cert, key, err := parsePair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
@@ -156,8 +152,16 @@ func (a *Authority) load(ctx context.Context) (*caState, error) {
 		}
 		st.previousPEM, st.rotatedAt = prev, at
 	}
-	a.version, a.st = s.ResourceVersion+"/"+trust.ResourceVersion, st
+	a.version, a.st = versionOf(s, trust), st
 	return st, nil
+}
+
+// versionOf names the state of the CA and trust Secrets (trust may be nil).
+func versionOf(ca, trust *corev1.Secret) string {
+	if trust == nil {
+		return ca.ResourceVersion + "/"
+	}
+	return ca.ResourceVersion + "/" + trust.ResourceVersion
 }
 
 // recordRotation makes the trust Secret name st's CA as current, keeping the

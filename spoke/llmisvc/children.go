@@ -174,3 +174,17 @@ func kindOf(r *Reconciler, obj client.Object) string {
 	}
 	return gvk.Kind
 }
+
+// notObserved marks a condition False when the state of the object behind
+// it could not be read, as when the cache has not yet seen an object just
+// created: an absent sub-condition would count as met in WorkloadsReady or
+// RouterReady. A NotFound is that cache lag, which the watch on the object
+// ends; any other error is returned for a retry.
+func notObserved(svc *v1alpha2.LLMInferenceService, cond v1alpha2.ConditionType, kind, name string, err error) error {
+	if apierrors.IsNotFound(err) {
+		svc.Status.MarkFalse(cond, "Creating", "%s %s was created and is not observed yet", kind, name)
+		return nil
+	}
+	svc.Status.MarkFalse(cond, "ReadFailed", "%s %s: %v", kind, name, err)
+	return err
+}

@@ -8,7 +8,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -237,21 +236,6 @@ func (r *Reconciler) reconcileLWS(ctx context.Context, svc *v1alpha2.LLMInferenc
 	}
 	svc.Status.MarkTrue(p.multiCond)
 	return nil
-}
-
-// notObserved marks a condition False when the state of the object behind
-// it could not be read, as when the cache has not yet seen an object just
-// created: an absent sub-condition would count as met in WorkloadsReady or
-// RouterReady. A
-// NotFound is that cache lag, which the watch on the object ends; any other
-// error is returned for a retry.
-func notObserved(svc *v1alpha2.LLMInferenceService, cond v1alpha2.ConditionType, kind, name string, err error) error {
-	if apierrors.IsNotFound(err) {
-		svc.Status.MarkFalse(cond, "Creating", "%s %s was created and is not observed yet", kind, name)
-		return nil
-	}
-	svc.Status.MarkFalse(cond, "ReadFailed", "%s %s: %v", kind, name, err)
-	return err
 }
 
 // groupsWithReadyWorkers counts the groups of a LeaderWorkerSet whose worker
