@@ -11,7 +11,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/spoke/capacity"
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 )
 
 // freeGPUs reads a spoke's ClusterCapacity for one product.
@@ -111,7 +111,7 @@ func gpuPods(ctx context.Context, c *fleet.Cluster) []string {
 	}
 	var names []string
 	for _, p := range pods.Items {
-		if capacity.PodRequest(&p, capacity.GPUResource) > 0 {
+		if accelerator.PodRequest(&p.Spec, accelerator.NVIDIA) > 0 {
 			names = append(names, p.Namespace+"/"+p.Name+" ("+string(p.Status.Phase)+")")
 		}
 	}

@@ -54,7 +54,7 @@ func (r *Reconciler) observe(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 			continue
 		}
 		o.exists, o.obj = true, cp
-		o.ours = cp.Labels[fleetv1alpha1.ManagedByLabel] == fleetv1alpha1.ManagedByHub
+		o.ours = fleetv1alpha1.IsManagedByHub(cp)
 		o.replicas = ptr.Deref(cp.Spec.Replicas, 1)
 		if w := cp.Status.Workloads; w != nil && w.Primary != nil {
 			o.readyReplicas = ptr.Deref(w.Primary.ReadyReplicas, 0)
@@ -141,10 +141,10 @@ func desiredCopy(svc *v1alpha2.LLMInferenceService, cluster string, replicas int
 		cp.Annotations = map[string]string{}
 	}
 	delete(cp.Annotations, corev1.LastAppliedConfigAnnotation)
-	cp.Labels[fleetv1alpha1.ManagedByLabel] = fleetv1alpha1.ManagedByHub
+	fleetv1alpha1.MarkManagedByHub(cp)
 	cp.Annotations[fleetv1alpha1.OriginUIDAnnotation] = string(svc.UID)
 	if rt := svc.Spec.Router; rt != nil && rt.Scheduler != nil {
-		cp.Annotations[ExportAnnotation] = ExportClusterSet
+		cp.Annotations[fleetv1alpha1.ExportAnnotation] = fleetv1alpha1.ExportClusterSet
 		if federation != "" && federation != fleetv1alpha1.FederationDisabled {
 			cp.Annotations[fleetv1alpha1.FederationClusterAnnotation] = cluster
 			cp.Annotations[fleetv1alpha1.FederationModeAnnotation] = string(federation)
@@ -195,7 +195,7 @@ func (r *Reconciler) ensureNamespace(ctx context.Context, c inventory.Cluster, n
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
-	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}}}
+	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: fleetv1alpha1.ManagedByHubLabels()}}
 	return client.IgnoreAlreadyExists(c.Client.Create(ctx, ns))
 }
 
@@ -218,7 +218,7 @@ func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc
 		if want.Labels == nil {
 			want.Labels = map[string]string{}
 		}
-		want.Labels[fleetv1alpha1.ManagedByLabel] = fleetv1alpha1.ManagedByHub
+		fleetv1alpha1.MarkManagedByHub(want)
 		cur := &v1alpha2.LLMInferenceServiceConfig{}
 		err := c.Client.Get(ctx, client.ObjectKeyFromObject(want), cur)
 		switch {
@@ -228,7 +228,7 @@ func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc
 			}
 		case err != nil:
 			return err
-		case cur.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub:
+		case !fleetv1alpha1.IsManagedByHub(cur):
 			// The spoke has its own config of that name: it wins there.
 		case !equality.Semantic.DeepEqual(cur.Spec, want.Spec) || !equality.Semantic.DeepEqual(cur.Labels, want.Labels):
 			cur.Spec, cur.Labels = want.Spec, want.Labels
@@ -259,7 +259,7 @@ func (d *deletions) deleteCopy(ctx context.Context, c inventory.Cluster, ns, nam
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cp); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if cp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub || !cp.DeletionTimestamp.IsZero() {
+	if !fleetv1alpha1.IsManagedByHub(cp) || !cp.DeletionTimestamp.IsZero() {
 		return nil
 	}
 	d.mu.Lock()

@@ -246,7 +246,7 @@ func needOf(svc *v1alpha2.LLMInferenceService, override *fleetv1alpha1.Accelerat
 	n := placement.Need{Pods: 1}
 	s := &svc.Spec
 	if s.Worker != nil {
-		n.Pods = groupSize(s.Parallelism)
+		n.Pods = s.Parallelism.GroupSize()
 	}
 	for _, pod := range []*corev1.PodSpec{s.Template, s.Worker} {
 		if pod == nil {
@@ -279,18 +279,6 @@ func podGPUs(pod *corev1.PodSpec) int64 {
 		n += q.Value()
 	}
 	return n
-}
-
-func groupSize(p *v1alpha2.ParallelismSpec) int32 {
-	switch {
-	case p == nil:
-		return 1
-	case p.Data != nil && p.DataLocal != nil:
-		return max(*p.Data/max(*p.DataLocal, 1), 1)
-	case p.Pipeline != nil:
-		return *p.Pipeline
-	}
-	return 1
 }
 
 // capacityOf reads a cluster's capacity report from the hub's cache of it,

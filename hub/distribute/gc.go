@@ -45,7 +45,7 @@ func (g *OrphanCollector) Start(ctx context.Context) error {
 }
 
 func (g *OrphanCollector) collect(ctx context.Context, c inventory.Cluster) {
-	managed := client.MatchingLabels{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}
+	managed := client.MatchingLabels(fleetv1alpha1.ManagedByHubLabels())
 	var copies v1alpha2.LLMInferenceServiceList
 	if err := c.Client.List(ctx, &copies, managed); err != nil {
 		return

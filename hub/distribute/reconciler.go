@@ -33,10 +33,6 @@ import (
 
 // Labels and annotations the hub puts on what it writes into spokes.
 const (
-	// ExportAnnotation asks the spoke to export the service's pool
-	// (GIE multi-cluster proposal).
-	ExportAnnotation = "inference.networking.x-k8s.io/export"
-	ExportClusterSet = "ClusterSet"
 	// Finalizer keeps a hub service until its copies are deleted.
 	Finalizer = "fleet.fleetinfer.io/hub"
 

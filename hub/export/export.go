@@ -147,12 +147,12 @@ func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, ex
 	err := c.Get(ctx, key, imp)
 	switch {
 	case apierrors.IsNotFound(err):
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: map[string]string{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}}}
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: fleetv1alpha1.ManagedByHubLabels()}}
 		if err := client.IgnoreAlreadyExists(c.Create(ctx, ns)); err != nil {
 			return err
 		}
 		imp = &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
-			Labels: map[string]string{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}}}
+			Labels: fleetv1alpha1.ManagedByHubLabels()}}
 		if err := c.Create(ctx, imp); err != nil {
 			return err
 		}
@@ -160,7 +160,7 @@ func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, ex
 		return nil // the member has no InferencePoolImport API
 	case err != nil:
 		return err
-	case imp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub:
+	case !fleetv1alpha1.IsManagedByHub(imp):
 		return nil // someone else's import of that name
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -195,7 +195,7 @@ func withdraw(ctx context.Context, c client.Client, key client.ObjectKey) error 
 	if err != nil {
 		return err
 	}
-	if imp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub {
+	if !fleetv1alpha1.IsManagedByHub(imp) {
 		return nil
 	}
 	return client.IgnoreNotFound(c.Delete(ctx, imp))
@@ -222,7 +222,7 @@ func (r *Reconciler) knownPools(ctx context.Context) []client.ObjectKey {
 	for _, c := range r.Inv.Clusters(ctx) {
 		keys := watch.Keys(ctx, c.Client, &igwapiv1.InferencePoolList{}, "")
 		var imports igwapixv1alpha1.InferencePoolImportList
-		if err := c.Client.List(ctx, &imports, client.MatchingLabels{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}); err == nil {
+		if err := c.Client.List(ctx, &imports, client.MatchingLabels(fleetv1alpha1.ManagedByHubLabels())); err == nil {
 			for i := range imports.Items {
 				keys = append(keys, client.ObjectKeyFromObject(&imports.Items[i]))
 			}

@@ -157,7 +157,7 @@ func (r *Reconciler) members(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(svc), cp); err != nil {
 			continue
 		}
-		if cp.Labels[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub || !cp.DeletionTimestamp.IsZero() {
+		if !fleetv1alpha1.IsManagedByHub(cp) || !cp.DeletionTimestamp.IsZero() {
 			continue
 		}
 		m := member{cluster: c, copy: cp}
@@ -401,7 +401,7 @@ func apply[T client.Object](ctx context.Context, r *Reconciler, svc *v1alpha2.LL
 			if err := m.cluster.Reader.Get(ctx, client.ObjectKeyFromObject(want), live); err != nil {
 				return false, err
 			}
-			if live.GetLabels()[fleetv1alpha1.ManagedByLabel] == fleetv1alpha1.ManagedByHub {
+			if fleetv1alpha1.IsManagedByHub(live) {
 				return false, fmt.Errorf("%s is not in the cache yet", kindOf(want))
 			}
 			r.Recorder.Eventf(svc, corev1.EventTypeWarning, ReasonNotOurs, "Cluster %s has a %T %s/%s the hub did not create; the endpoint picker there cannot federate until it is removed",

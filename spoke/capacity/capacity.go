@@ -1,7 +1,8 @@
 // Package capacity publishes the cluster's accelerator capacity in the
-// ClusterCapacity object the hub reads: allocatable and free GPUs per
-// product, free meaning allocatable minus the requests of the unfinished
-// pods bound to each node.
+// ClusterCapacity object the hub reads: allocatable and free accelerators
+// per resource and product (NVIDIA, AMD and Intel GPUs, TPUs), free meaning
+// allocatable minus what the unfinished pods bound to each node take, counted
+// as the hub counts a replica's need (internal/accelerator).
 package capacity
 
 import (
@@ -15,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/util/retry"
@@ -28,30 +30,41 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 )
 
-// Accelerator resources and the labels that describe them (NVIDIA device
-// plugin and GPU feature discovery).
-const (
-	GPUResource     corev1.ResourceName = "nvidia.com/gpu"
-	GPUProductLabel                     = "nvidia.com/gpu.product"
-	GPUMemoryLabel                      = "nvidia.com/gpu.memory"
-	unknownProduct                      = "unknown"
-)
+// unknownProduct stands for the product of nodes whose vendor label is
+// missing.
+const unknownProduct = "unknown"
 
 // Compute aggregates the capacity of nodes given the pods bound to them.
 // Unschedulable and NotReady nodes offer nothing; finished pods request
 // nothing.
 func Compute(nodes []corev1.Node, pods []corev1.Pod) fleetv1alpha1.ClusterCapacityStatus {
-	requested := map[string]int64{}
+	type key struct {
+		resource corev1.ResourceName
+		product  string
+	}
+	requested := map[string]corev1.ResourceList{}
 	for i := range pods {
 		p := &pods[i]
 		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		requested[p.Spec.NodeName] += PodRequest(p, GPUResource)
+		on := requested[p.Spec.NodeName]
+		if on == nil {
+			on = corev1.ResourceList{}
+			requested[p.Spec.NodeName] = on
+		}
+		for _, r := range accelerator.Resources {
+			if n := accelerator.PodRequest(&p.Spec, r); n > 0 {
+				q := on[r]
+				q.Add(*resource.NewQuantity(n, resource.DecimalSI))
+				on[r] = q
+			}
+		}
 	}
-	byProduct := map[string]*fleetv1alpha1.AcceleratorCapacity{}
+	byProduct := map[key]*fleetv1alpha1.AcceleratorCapacity{}
 	st := fleetv1alpha1.ClusterCapacityStatus{}
 	for i := range nodes {
 		n := &nodes[i]
@@ -59,35 +72,47 @@ func Compute(nodes []corev1.Node, pods []corev1.Pod) fleetv1alpha1.ClusterCapaci
 			continue
 		}
 		st.Nodes++
-		alloc := n.Status.Allocatable.Name(GPUResource, "").Value()
-		if alloc == 0 {
-			continue
+		for r, q := range n.Status.Allocatable {
+			alloc := q.Value()
+			if !accelerator.IsAccelerator(r) || alloc == 0 {
+				continue
+			}
+			product := n.Labels[accelerator.ProductLabel(r)]
+			if product == "" {
+				product = unknownProduct
+			}
+			k := key{r, product}
+			a := byProduct[k]
+			if a == nil {
+				a = &fleetv1alpha1.AcceleratorCapacity{Product: product, Resource: r}
+				byProduct[k] = a
+			}
+			if l := accelerator.MemoryLabel(r); l != "" {
+				if mem, err := strconv.ParseInt(n.Labels[l], 10, 64); err == nil && mem > a.MemoryMiB {
+					a.MemoryMiB = mem
+				}
+			}
+			a.Nodes++
+			a.Allocatable += alloc
+			q := requested[n.Name][r]
+			used := q.Value()
+			a.Requested += used
+			a.LargestFreeOnNode = max(a.LargestFreeOnNode, alloc-used)
+			addFree(a, max(alloc-used, 0))
 		}
-		product := n.Labels[GPUProductLabel]
-		if product == "" {
-			product = unknownProduct
-		}
-		a := byProduct[product]
-		if a == nil {
-			a = &fleetv1alpha1.AcceleratorCapacity{Product: product, Resource: GPUResource}
-			byProduct[product] = a
-		}
-		if mem, err := strconv.ParseInt(n.Labels[GPUMemoryLabel], 10, 64); err == nil && mem > a.MemoryMiB {
-			a.MemoryMiB = mem
-		}
-		a.Nodes++
-		a.Allocatable += alloc
-		used := requested[n.Name]
-		a.Requested += used
-		a.LargestFreeOnNode = max(a.LargestFreeOnNode, alloc-used)
-		addFree(a, max(alloc-used, 0))
 	}
 	var summary []string
 	for _, a := range byProduct {
 		a.Free = a.Allocatable - a.Requested
 		st.Accelerators = append(st.Accelerators, *a)
 	}
-	sort.Slice(st.Accelerators, func(i, j int) bool { return st.Accelerators[i].Product < st.Accelerators[j].Product })
+	sort.Slice(st.Accelerators, func(i, j int) bool {
+		a, b := st.Accelerators[i], st.Accelerators[j]
+		if a.Product != b.Product {
+			return a.Product < b.Product
+		}
+		return a.Resource < b.Resource
+	})
 	for _, a := range st.Accelerators {
 		summary = append(summary, fmt.Sprintf("%s %d/%d free", a.Product, a.Free, a.Allocatable))
 	}
@@ -113,25 +138,6 @@ func nodeReady(n *corev1.Node) bool {
 		}
 	}
 	return false
-}
-
-// PodRequest is what the scheduler reserves for a pod: the larger of its
-// containers (with restartable init containers, which run alongside them)
-// and its largest run-to-completion init container, plus overhead.
-func PodRequest(p *corev1.Pod, r corev1.ResourceName) int64 {
-	var running, sidecars, initPeak int64
-	for _, c := range p.Spec.Containers {
-		running += c.Resources.Requests.Name(r, "").Value()
-	}
-	for _, c := range p.Spec.InitContainers {
-		v := c.Resources.Requests.Name(r, "").Value()
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
-			sidecars += v
-			continue
-		}
-		initPeak = max(initPeak, sidecars+v)
-	}
-	return max(running+sidecars, initPeak) + p.Spec.Overhead.Name(r, "").Value()
 }
 
 // Reconciler keeps the ClusterCapacity current.

@@ -6,7 +6,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
+
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 )
 
 func node(name, product string, gpus int64, ready, schedulable bool) corev1.Node {
@@ -15,17 +16,17 @@ func node(name, product string, gpus int64, ready, schedulable bool) corev1.Node
 		status = corev1.ConditionFalse
 	}
 	return corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{GPUProductLabel: product, GPUMemoryLabel: "81559"}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{accelerator.NVIDIAProductLabel: product, accelerator.NVIDIAMemoryLabel: "81559"}},
 		Spec:       corev1.NodeSpec{Unschedulable: !schedulable},
 		Status: corev1.NodeStatus{
-			Allocatable: corev1.ResourceList{GPUResource: *resource.NewQuantity(gpus, resource.DecimalSI)},
+			Allocatable: corev1.ResourceList{accelerator.NVIDIA: *resource.NewQuantity(gpus, resource.DecimalSI)},
 			Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status}},
 		},
 	}
 }
 
 func gpuContainer(n int64) corev1.Container {
-	return corev1.Container{Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{GPUResource: *resource.NewQuantity(n, resource.DecimalSI)}}}
+	return corev1.Container{Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{accelerator.NVIDIA: *resource.NewQuantity(n, resource.DecimalSI)}}}
 }
 
 func pod(nodeName string, phase corev1.PodPhase, containers ...corev1.Container) corev1.Pod {
@@ -73,25 +74,30 @@ func TestComputeCountsFreeGPUsPerProduct(t *testing.T) {
 	}
 }
 
-func TestPodRequestFollowsTheScheduler(t *testing.T) {
-	always := ptr.To(corev1.ContainerRestartPolicyAlways)
-	cases := []struct {
-		name string
-		spec corev1.PodSpec
-		want int64
-	}{
-		{"containers add up", corev1.PodSpec{Containers: []corev1.Container{gpuContainer(2), gpuContainer(1)}}, 3},
-		{"a larger init container dominates", corev1.PodSpec{Containers: []corev1.Container{gpuContainer(1)}, InitContainers: []corev1.Container{gpuContainer(4)}}, 4},
-		{"sidecars run alongside", corev1.PodSpec{Containers: []corev1.Container{gpuContainer(1)},
-			InitContainers: []corev1.Container{{RestartPolicy: always, Resources: gpuContainer(2).Resources}}}, 3},
-		{"overhead is added", corev1.PodSpec{Containers: []corev1.Container{gpuContainer(1)},
-			Overhead: corev1.ResourceList{GPUResource: *resource.NewQuantity(1, resource.DecimalSI)}}, 2},
-		{"no GPUs", corev1.PodSpec{Containers: []corev1.Container{{}}}, 0},
+func TestComputeKeepsVendorsApart(t *testing.T) {
+	amd := node("m1", "", 8, true, true)
+	amd.Labels = map[string]string{accelerator.AMDProductLabel: "AMD_Instinct_MI300X_OAM"}
+	amd.Status.Allocatable = corev1.ResourceList{accelerator.AMD: *resource.NewQuantity(8, resource.DecimalSI)}
+	unlabelled := node("n1", "", 4, true, true)
+	unlabelled.Labels = nil
+	unlabelledAMD := node("m2", "", 2, true, true)
+	unlabelledAMD.Labels = nil
+	unlabelledAMD.Status.Allocatable = corev1.ResourceList{accelerator.AMD: *resource.NewQuantity(2, resource.DecimalSI),
+		"gpu.intel.com/millicores": *resource.NewQuantity(1000, resource.DecimalSI)}
+	amdPod := pod("m1", corev1.PodRunning, corev1.Container{Resources: corev1.ResourceRequirements{
+		Limits: corev1.ResourceList{accelerator.AMD: *resource.NewQuantity(2, resource.DecimalSI)}}})
+	st := Compute([]corev1.Node{amd, unlabelled, unlabelledAMD}, []corev1.Pod{amdPod, pod("n1", corev1.PodRunning, gpuContainer(1))})
+	want := map[string]int64{
+		"amd.com/gpu AMD_Instinct_MI300X_OAM": 6,
+		"amd.com/gpu unknown":                 2,
+		"nvidia.com/gpu unknown":              3,
 	}
-	for _, c := range cases {
-		p := &corev1.Pod{Spec: c.spec}
-		if got := PodRequest(p, GPUResource); got != c.want {
-			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+	if len(st.Accelerators) != len(want) {
+		t.Fatalf("accelerators %+v, want %v", st.Accelerators, want)
+	}
+	for _, a := range st.Accelerators {
+		if free, ok := want[string(a.Resource)+" "+a.Product]; !ok || a.Free != free {
+			t.Errorf("%s %s: free %d, want %v", a.Resource, a.Product, a.Free, want)
 		}
 	}
 }
@@ -106,7 +112,7 @@ func TestStrippedPodsComputeTheSame(t *testing.T) {
 		t.Fatal(err)
 	}
 	sp := slim.(*corev1.Pod)
-	if len(sp.Spec.Volumes) != 0 || len(sp.Spec.Containers[0].Env) != 0 || PodRequest(sp, GPUResource) != 3 || sp.Spec.NodeName != "h1" {
+	if len(sp.Spec.Volumes) != 0 || len(sp.Spec.Containers[0].Env) != 0 || accelerator.PodRequest(&sp.Spec, accelerator.NVIDIA) != 3 || sp.Spec.NodeName != "h1" {
 		t.Errorf("stripped pod %+v", sp.Spec)
 	}
 }

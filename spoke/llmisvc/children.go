@@ -107,7 +107,7 @@ func remove[T client.Object](ctx context.Context, r *Reconciler, owner *v1alpha2
 func ownedBy(obj client.Object, owner *v1alpha2.LLMInferenceService) bool {
 	if obj.GetNamespace() == "" {
 		l := obj.GetLabels()
-		return l[LabelName] == owner.Name && l[ownerNamespaceLabel] == owner.Namespace
+		return l[v1alpha2.LabelName] == owner.Name && l[ownerNamespaceLabel] == owner.Namespace
 	}
 	return metav1.IsControlledBy(obj, owner)
 }

@@ -17,7 +17,6 @@ const (
 	federationTLSVolume   = "federation-tls"
 	federationPeersDir    = "/etc/fleetinfer/federation/peers"
 	federationTLSDir      = "/etc/fleetinfer/federation/tls"
-	federationPortName    = "federation"
 )
 
 // federate turns on the federation of the endpoint picker of a service the
@@ -29,25 +28,25 @@ const (
 // template that configures federation itself is left alone.
 func federate(svc *v1alpha2.LLMInferenceService, pod *corev1.PodSpec, c *corev1.Container, has func(string) bool) {
 	cluster := svc.Annotations[fleetv1alpha1.FederationClusterAnnotation]
-	if cluster == "" || has("--federation-peers-file") {
+	if cluster == "" || has("--"+fleetv1alpha1.FlagFederationPeersFile) {
 		return
 	}
 	port := int32(fleetv1alpha1.FederationPort)
-	if i := slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == federationPortName }); i >= 0 {
+	if i := slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == fleetv1alpha1.FederationPortName }); i >= 0 {
 		port = c.Ports[i].ContainerPort
 	} else {
-		c.Ports = append(c.Ports, corev1.ContainerPort{Name: federationPortName, ContainerPort: port, Protocol: corev1.ProtocolTCP})
+		c.Ports = append(c.Ports, corev1.ContainerPort{Name: fleetv1alpha1.FederationPortName, ContainerPort: port, Protocol: corev1.ProtocolTCP})
 	}
 	c.Args = append(c.Args,
-		"--federation-cluster="+cluster,
-		"--federation-port="+strconv.Itoa(int(port)),
-		"--federation-peers-file="+path.Join(federationPeersDir, fleetv1alpha1.PeerDirectoryKey),
-		"--federation-cert-file="+path.Join(federationTLSDir, corev1.TLSCertKey),
-		"--federation-key-file="+path.Join(federationTLSDir, corev1.TLSPrivateKeyKey),
-		"--federation-ca-file="+path.Join(federationTLSDir, corev1.ServiceAccountRootCAKey),
+		flag(fleetv1alpha1.FlagFederationCluster, cluster),
+		flag(fleetv1alpha1.FlagFederationPort, strconv.Itoa(int(port))),
+		flag(fleetv1alpha1.FlagFederationPeersFile, path.Join(federationPeersDir, fleetv1alpha1.PeerDirectoryKey)),
+		flag(fleetv1alpha1.FlagFederationCertFile, path.Join(federationTLSDir, corev1.TLSCertKey)),
+		flag(fleetv1alpha1.FlagFederationKeyFile, path.Join(federationTLSDir, corev1.TLSPrivateKeyKey)),
+		flag(fleetv1alpha1.FlagFederationCAFile, path.Join(federationTLSDir, corev1.ServiceAccountRootCAKey)),
 	)
-	if mode := svc.Annotations[fleetv1alpha1.FederationModeAnnotation]; mode != "" && !has("--federation-mode") {
-		c.Args = append(c.Args, "--federation-mode="+mode)
+	if mode := svc.Annotations[fleetv1alpha1.FederationModeAnnotation]; mode != "" && !has("--"+fleetv1alpha1.FlagFederationMode) {
+		c.Args = append(c.Args, flag(fleetv1alpha1.FlagFederationMode, mode))
 	}
 	c.VolumeMounts = append(c.VolumeMounts,
 		corev1.VolumeMount{Name: federationPeersVolume, MountPath: federationPeersDir, ReadOnly: true},
@@ -58,3 +57,6 @@ func federate(svc *v1alpha2.LLMInferenceService, pod *corev1.PodSpec, c *corev1.
 		corev1.Volume{Name: federationTLSVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName: fleetv1alpha1.FederationTLSName(svc.Name)}}})
 }
+
+// flag is a command-line flag as the picker parses it.
+func flag(name, value string) string { return "--" + name + "=" + value }

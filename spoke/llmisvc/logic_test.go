@@ -27,25 +27,6 @@ func TestChildNameStaysAValidLabelAndUnique(t *testing.T) {
 	}
 }
 
-func TestGroupSize(t *testing.T) {
-	cases := []struct {
-		name string
-		p    *v1alpha2.ParallelismSpec
-		want int32
-	}{
-		{"none", nil, 1},
-		{"tensor only", &v1alpha2.ParallelismSpec{Tensor: ptr.To(int32(4))}, 1},
-		{"data over dataLocal", &v1alpha2.ParallelismSpec{Data: ptr.To(int32(16)), DataLocal: ptr.To(int32(8))}, 2},
-		{"dataLocal above data", &v1alpha2.ParallelismSpec{Data: ptr.To(int32(2)), DataLocal: ptr.To(int32(8))}, 1},
-		{"pipeline", &v1alpha2.ParallelismSpec{Pipeline: ptr.To(int32(3))}, 3},
-	}
-	for _, c := range cases {
-		if got := groupSize(c.p); got != c.want {
-			t.Errorf("%s: %d, want %d", c.name, got, c.want)
-		}
-	}
-}
-
 func TestPresetsFollowTheServiceShape(t *testing.T) {
 	r := &Reconciler{opts: Options{PresetPrefix: "kserve-"}}
 	worker := &corev1.PodSpec{}

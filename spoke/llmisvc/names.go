@@ -8,30 +8,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 )
 
-// Labels and values shared with KServe, so tools that select KServe's
-// children select fleetinfer's too.
 const (
-	LabelPartOf    = "app.kubernetes.io/part-of"
-	LabelName      = "app.kubernetes.io/name"
-	LabelComponent = "app.kubernetes.io/component"
-	LabelKServe    = "kserve.io/component"
-	LabelRole      = "llm-d.ai/role"
-
-	PartOfValue     = "llminferenceservice"
-	KServeWorkload  = "workload"
-	RoleBoth        = "both"
-	RoleDecode      = "decode"
-	RolePrefill     = "prefill"
-	ComponentWorker = "llminferenceservice-workload-worker"
-
-	ComponentWorkload        = "llminferenceservice-workload"
-	ComponentWorkloadPrefill = "llminferenceservice-workload-prefill"
-	ComponentLeader          = "llminferenceservice-workload-leader"
-	ComponentLeaderPrefill   = "llminferenceservice-workload-leader-prefill"
-	ComponentWorkerPrefill   = "llminferenceservice-workload-worker-prefill"
-	ComponentScheduler       = "llminferenceservice-router-scheduler"
-	ComponentRouter          = "llminferenceservice-router"
-
 	// Finalizer guards cluster-scoped children, which have no owner reference.
 	Finalizer = "serving.kserve.io/llmisvc-finalizer"
 	// ModelRoutingAnnotation is a preset switch that must not reach pods.
@@ -54,7 +31,7 @@ func boundedName(parent, suffix string, limit int) string {
 	return strings.TrimRight(parent[:keep], "-.") + h + suffix
 }
 
-// Names of a service's children (DESIGN §3).
+// Names of a service's children, as KServe names them.
 func mainDeploymentName(s *v1alpha2.LLMInferenceService) string { return childName(s.Name, "-kserve") }
 func mainLWSName(s *v1alpha2.LLMInferenceService) string        { return childName(s.Name, "-kserve-mn") }
 func prefillDeploymentName(s *v1alpha2.LLMInferenceService) string {
@@ -82,14 +59,14 @@ func routeName(s *v1alpha2.LLMInferenceService) string { return childName(s.Name
 
 // selectorLabels identify a service's objects.
 func selectorLabels(s *v1alpha2.LLMInferenceService) map[string]string {
-	return map[string]string{LabelPartOf: PartOfValue, LabelName: s.Name}
+	return map[string]string{v1alpha2.LabelPartOf: v1alpha2.PartOfValue, v1alpha2.LabelName: s.Name}
 }
 
 // workloadSelector selects the model-server pods of a service, decode and
 // prefill alike: the workload Service and the default pool selector.
 func workloadSelector(s *v1alpha2.LLMInferenceService) map[string]string {
 	l := selectorLabels(s)
-	l[LabelKServe] = KServeWorkload
+	l[v1alpha2.LabelKServe] = v1alpha2.KServeWorkload
 	return l
 }
 

@@ -22,6 +22,7 @@ import (
 	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 )
 
@@ -59,7 +60,6 @@ const (
 	gatewayGroup               = "gateway.networking.k8s.io"
 	inferencePoolKind          = "InferencePool"
 	eppMetricsAuthDisabledFlag = "--metrics-endpoint-auth=false"
-	exportAnnotation           = "inference.networking.x-k8s.io/export"
 )
 
 // routing is what reconcileRouter learns while reconciling, for the
@@ -151,7 +151,7 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 	var errs []error
 	pool := sch.Pool.Spec
 	rt.eppSvc = string(pool.EndpointPickerRef.Name)
-	eppLabels := withLabels(selectorLabels(svc), LabelComponent, ComponentScheduler)
+	eppLabels := withLabels(selectorLabels(svc), v1alpha2.LabelComponent, v1alpha2.ComponentScheduler)
 	tmpl := sch.Template.DeepCopy()
 	if tmpl.ServiceAccountName == eppSAName(svc) {
 		errs = append(errs, r.reconcileEPPIdentity(ctx, svc, tmpl))
@@ -180,8 +180,8 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 	// A service the hub distributes asks for its pool to be exported to the
 	// fleet (GIE multi-cluster proposal); the hub's export controller acts
 	// on the pool's annotation.
-	if v := svc.Annotations[exportAnnotation]; v != "" {
-		want.Annotations = map[string]string{exportAnnotation: v}
+	if v := svc.Annotations[fleetv1alpha1.ExportAnnotation]; v != "" {
+		want.Annotations = map[string]string{fleetv1alpha1.ExportAnnotation: v}
 	}
 	if err := ensure(ctx, r, svc, want, func(cur, want *igwapiv1.InferencePool, stale bool) bool {
 		if !stale && derivedEqual(want.Spec, cur.Spec) {
@@ -213,7 +213,7 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 // election) and, when its metrics endpoint authenticates callers, the
 // auth-delegator binding that lets it check their tokens.
 func (r *Reconciler) reconcileEPPIdentity(ctx context.Context, svc *v1alpha2.LLMInferenceService, tmpl *corev1.PodSpec) error {
-	labels := withLabels(selectorLabels(svc), LabelComponent, ComponentScheduler)
+	labels := withLabels(selectorLabels(svc), v1alpha2.LabelComponent, v1alpha2.ComponentScheduler)
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: eppSAName(svc), Namespace: svc.Namespace, Labels: labels}}
 	read := []string{"get", "list", "watch"}
 	role := &rbacv1.Role{
@@ -322,7 +322,7 @@ func (r *Reconciler) desiredEPPDeployment(svc *v1alpha2.LLMInferenceService, sch
 }
 
 // eppPortNames are the endpoint picker's ports the EPP Service exposes.
-var eppPortNames = []string{"grpc", "grpc-health", "metrics", "zmq", "federation"}
+var eppPortNames = []string{"grpc", "grpc-health", "metrics", "zmq", fleetv1alpha1.FederationPortName}
 
 func eppServicePorts(pod *corev1.PodSpec, pool *igwapiv1.InferencePoolSpec) []corev1.ServicePort {
 	var ports []corev1.ServicePort
@@ -415,7 +415,7 @@ func (r *Reconciler) reconcileManagedRoute(ctx context.Context, svc *v1alpha2.LL
 	}
 	want := &gwapiv1.HTTPRoute{
 		ObjectMeta: metav1.ObjectMeta{Name: routeName(svc), Namespace: svc.Namespace,
-			Labels: withLabels(selectorLabels(svc), LabelComponent, ComponentRouter)},
+			Labels: withLabels(selectorLabels(svc), v1alpha2.LabelComponent, v1alpha2.ComponentRouter)},
 		Spec: *s.Router.Route.HTTP.Spec.DeepCopy(),
 	}
 	if err := ensure(ctx, r, svc, want, func(cur, want *gwapiv1.HTTPRoute, stale bool) bool {

@@ -33,16 +33,16 @@ type workloadPart struct {
 }
 
 func parts(svc *v1alpha2.LLMInferenceService, s *v1alpha2.LLMInferenceServiceSpec) []workloadPart {
-	mainRole := RoleBoth
+	mainRole := v1alpha2.RoleBoth
 	if s.Prefill != nil {
-		mainRole = RoleDecode
+		mainRole = v1alpha2.RoleDecode
 	}
 	return []workloadPart{
 		{spec: &s.WorkloadSpec, deploymentName: mainDeploymentName(svc), lwsName: mainLWSName(svc),
-			component: ComponentWorkload, leader: ComponentLeader, worker: ComponentWorker, role: mainRole,
+			component: v1alpha2.ComponentWorkload, leader: v1alpha2.ComponentLeader, worker: v1alpha2.ComponentWorker, role: mainRole,
 			singleCond: v1alpha2.MainWorkloadReady, multiCond: v1alpha2.WorkerWorkloadReady},
 		{spec: s.Prefill, deploymentName: prefillDeploymentName(svc), lwsName: prefillLWSName(svc),
-			component: ComponentWorkloadPrefill, leader: ComponentLeaderPrefill, worker: ComponentWorkerPrefill, role: RolePrefill,
+			component: v1alpha2.ComponentWorkloadPrefill, leader: v1alpha2.ComponentLeaderPrefill, worker: v1alpha2.ComponentWorkerPrefill, role: v1alpha2.RolePrefill,
 			singleCond: v1alpha2.PrefillWorkloadReady, multiCond: v1alpha2.PrefillWorkerWorkloadReady},
 	}
 }
@@ -95,7 +95,7 @@ func (r *Reconciler) reconcileDeployment(ctx context.Context, svc *v1alpha2.LLMI
 		svc.Status.ClearCondition(p.singleCond)
 		return remove(ctx, r, svc, key)
 	}
-	labels := withLabels(selectorLabels(svc), LabelComponent, p.component, LabelKServe, KServeWorkload, LabelRole, p.role)
+	labels := withLabels(selectorLabels(svc), v1alpha2.LabelComponent, p.component, v1alpha2.LabelKServe, v1alpha2.KServeWorkload, v1alpha2.LabelRole, p.role)
 	want := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: p.deploymentName, Namespace: svc.Namespace, Labels: propagatedLabels(svc, labels),
 			Annotations: propagatedAnnotations(svc, nil)},
@@ -170,15 +170,15 @@ func (r *Reconciler) reconcileLWS(ctx context.Context, svc *v1alpha2.LLMInferenc
 		svc.Status.ClearCondition(p.multiCond)
 		return remove(ctx, r, svc, key)
 	}
-	base := withLabels(selectorLabels(svc), LabelKServe, KServeWorkload, LabelRole, p.role)
-	leaderLabels := withLabels(base, LabelComponent, p.leader)
-	workerLabels := withLabels(base, LabelComponent, p.worker)
+	base := withLabels(selectorLabels(svc), v1alpha2.LabelKServe, v1alpha2.KServeWorkload, v1alpha2.LabelRole, p.role)
+	leaderLabels := withLabels(base, v1alpha2.LabelComponent, p.leader)
+	workerLabels := withLabels(base, v1alpha2.LabelComponent, p.worker)
 	if p.spec.Template != nil {
 		// Behind a leader, workers serve no API (vLLM's headless ranks):
 		// as in KServe, they stay out of the workload Service and the pool.
-		workerLabels = withLabels(selectorLabels(svc), LabelComponent, p.worker)
+		workerLabels = withLabels(selectorLabels(svc), v1alpha2.LabelComponent, p.worker)
 	}
-	size := groupSize(p.spec.Parallelism)
+	size := p.spec.Parallelism.GroupSize()
 	want := &lwsv1.LeaderWorkerSet{
 		ObjectMeta: metav1.ObjectMeta{Name: p.lwsName, Namespace: svc.Namespace,
 			Labels: propagatedLabels(svc, base), Annotations: propagatedAnnotations(svc, nil)},
@@ -258,20 +258,6 @@ func (r *Reconciler) groupsWithReadyWorkers(ctx context.Context, lws *lwsv1.Lead
 	return ready, nil
 }
 
-// groupSize is the number of pods in a multi-node group: data/dataLocal with
-// data parallelism, the pipeline size with pipeline parallelism.
-func groupSize(p *v1alpha2.ParallelismSpec) int32 {
-	switch {
-	case p == nil:
-		return 1
-	case p.Data != nil || p.DataLocal != nil:
-		return max(max(ptr.Deref(p.Data, 1), 1)/max(ptr.Deref(p.DataLocal, 1), 1), 1)
-	case p.Pipeline != nil:
-		return *p.Pipeline
-	}
-	return 1
-}
-
 // podTemplate builds a workload pod: the composed pod spec with the model
 // mounted, the service's pod labels and annotations, and propagated
 // metadata.
@@ -329,7 +315,7 @@ func withPrefixed(base, from map[string]string, prefixes []string) map[string]st
 func (r *Reconciler) desiredWorkloadService(svc *v1alpha2.LLMInferenceService) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: workloadServiceName(svc), Namespace: svc.Namespace,
-			Labels: withLabels(selectorLabels(svc), LabelComponent, ComponentWorkload)},
+			Labels: withLabels(selectorLabels(svc), v1alpha2.LabelComponent, v1alpha2.ComponentWorkload)},
 		Spec: corev1.ServiceSpec{
 			Selector: workloadSelector(svc),
 			Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000),

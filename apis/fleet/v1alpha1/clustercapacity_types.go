@@ -30,9 +30,10 @@ type ClusterCapacity struct {
 
 // ClusterCapacityStatus is the observed capacity.
 type ClusterCapacityStatus struct {
-	// Accelerators, one entry per product.
+	// Accelerators, one entry per resource and product.
 	// +optional
 	// +listType=map
+	// +listMapKey=resource
 	// +listMapKey=product
 	Accelerators []AcceleratorCapacity `json:"accelerators,omitempty"`
 
@@ -50,10 +51,13 @@ type ClusterCapacityStatus struct {
 
 // AcceleratorCapacity is the capacity of one accelerator product.
 type AcceleratorCapacity struct {
-	// Product is the accelerator model as GPU feature discovery labels it
-	// (nvidia.com/gpu.product), or "unknown".
+	// Product is the accelerator model as the vendor's feature discovery
+	// labels it (nvidia.com/gpu.product, amd.com/gpu.product-name,
+	// gpu.intel.com/product, cloud.google.com/gke-tpu-accelerator), or
+	// "unknown".
 	Product string `json:"product"`
-	// Resource is the extended resource pods request, e.g. nvidia.com/gpu.
+	// Resource is the extended resource pods request: nvidia.com/gpu,
+	// amd.com/gpu, gpu.intel.com/i915, gpu.intel.com/xe or google.com/tpu.
 	Resource corev1.ResourceName `json:"resource"`
 	// Nodes with this product.
 	Nodes int32 `json:"nodes"`

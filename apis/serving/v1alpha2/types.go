@@ -579,3 +579,26 @@ type GatewayObjectReference struct {
 	// +optional
 	SectionName *gwapiv1.SectionName `json:"sectionName,omitempty"`
 }
+
+// GroupSize is the number of pods in one multi-node replica: data over
+// dataLocal with data parallelism (ranks per pod), the pipeline size with
+// pipeline parallelism, else 1. The hub sizes a replica's accelerator need
+// by it and the spoke sizes its LeaderWorkerSet groups by it.
+func (p *ParallelismSpec) GroupSize() int32 {
+	switch {
+	case p == nil:
+		return 1
+	case p.Data != nil || p.DataLocal != nil:
+		data, local := int32(1), int32(1)
+		if p.Data != nil {
+			data = max(*p.Data, 1)
+		}
+		if p.DataLocal != nil {
+			local = max(*p.DataLocal, 1)
+		}
+		return max(data/local, 1)
+	case p.Pipeline != nil:
+		return max(*p.Pipeline, 1)
+	}
+	return 1
+}

@@ -57,7 +57,7 @@ var SameKey = Map(func(_ context.Context, o client.Object) []mcreconcile.Request
 // ToOrigin maps an object the hub created in a spoke to the hub object of
 // the same namespace/name; objects the hub did not create map to nothing.
 var ToOrigin = Map(func(_ context.Context, o client.Object) []mcreconcile.Request {
-	if o.GetLabels()[fleetv1alpha1.ManagedByLabel] != fleetv1alpha1.ManagedByHub {
+	if !fleetv1alpha1.IsManagedByHub(o) {
 		return nil
 	}
 	return []mcreconcile.Request{Request(o.GetNamespace(), o.GetName())}

@@ -1,0 +1,93 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The contract between the hub, which writes into spoke clusters, the spoke
+// controller, which reads what the hub wrote and runs the endpoint picker,
+// and the endpoint picker itself. Each name is declared here once; users see
+// them with kubectl and may select on them.
+const (
+	// ManagedByLabel marks objects the hub created in a spoke; the hub
+	// updates and deletes only objects whose value says they are its own
+	// (IsManagedByHub).
+	ManagedByLabel = "fleet.fleetinfer.io/managed-by"
+	// ManagedByHub is the label's value on what a fleetinfer hub created.
+	ManagedByHub = "fleetinfer-hub"
+
+	// OriginUIDAnnotation is the UID of the hub object a copy came from.
+	OriginUIDAnnotation = "fleet.fleetinfer.io/origin-uid"
+
+	// ExportAnnotation on a spoke copy asks the spoke to export the
+	// service's InferencePool to the ClusterSet; the spoke puts it on the
+	// pool, where the hub's export controller finds it (GIE's multi-cluster
+	// proposal, apix v1alpha1 ExportAnnotationKey and ExportAnnotationVal).
+	ExportAnnotation = "inference.networking.x-k8s.io/export"
+	// ExportClusterSet is the only export scope GIE defines.
+	ExportClusterSet = "ClusterSet"
+
+	// FederationClusterAnnotation on a spoke copy of a service names the
+	// cluster the copy runs in and turns on federation of its endpoint
+	// picker: the spoke controller mounts the peer directory and the
+	// federation certificate named below and passes the federation flags.
+	FederationClusterAnnotation = "fleet.fleetinfer.io/federation-cluster"
+	// FederationModeAnnotation is the placement's federation mode (Endpoint
+	// or Parent) on a copy; the hub writes it into the peer directories.
+	FederationModeAnnotation = "fleet.fleetinfer.io/federation-mode"
+
+	// PeerDirectoryKey is the key of the peer directory in its ConfigMap.
+	PeerDirectoryKey = "peers.yaml"
+	// FederationPort is the default federation gRPC port of the endpoint
+	// picker, and FederationPortName the name of that container port.
+	FederationPort     = 9004
+	FederationPortName = "federation"
+
+	// GatewayPeerPortAnnotation on a spoke's inference Gateway is the port
+	// on the Gateway's address where other clusters' gateways forward
+	// requests in Parent mode; without it the first listener's port is used.
+	GatewayPeerPortAnnotation = "fleet.fleetinfer.io/peer-port"
+)
+
+// Flags of the endpoint picker (cmd/epp) that the spoke controller sets
+// when it federates a picker, without the leading dashes.
+const (
+	FlagFederationCluster   = "federation-cluster"
+	FlagFederationPort      = "federation-port"
+	FlagFederationMode      = "federation-mode"
+	FlagFederationPeersFile = "federation-peers-file"
+	FlagFederationCertFile  = "federation-cert-file"
+	FlagFederationKeyFile   = "federation-key-file"
+	FlagFederationCAFile    = "federation-ca-file"
+)
+
+// IsManagedByHub reports whether the hub created obj: the only objects in a
+// spoke it may change or delete.
+func IsManagedByHub(obj metav1.Object) bool {
+	return obj.GetLabels()[ManagedByLabel] == ManagedByHub
+}
+
+// MarkManagedByHub labels obj as created by the hub.
+func MarkManagedByHub(obj metav1.Object) {
+	l := obj.GetLabels()
+	if l == nil {
+		l = map[string]string{}
+	}
+	l[ManagedByLabel] = ManagedByHub
+	obj.SetLabels(l)
+}
+
+// ManagedByHubLabels selects what the hub created (for list options and
+// cache selectors).
+func ManagedByHubLabels() map[string]string {
+	return map[string]string{ManagedByLabel: ManagedByHub}
+}
+
+// PeerDirectoryName is the ConfigMap, next to a service's copy, that holds
+// the peer directory of the service's endpoint picker.
+func PeerDirectoryName(service string) string { return service + "-epp-peers" }
+
+// FederationTLSName is the Secret, next to a service's copy, that holds the
+// endpoint picker's federation certificate (tls.crt, tls.key) and the CA
+// that signs its peers' (ca.crt).
+func FederationTLSName(service string) string { return service + "-epp-federation" }

@@ -1,0 +1,169 @@
+package v1alpha1
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+)
+
+// PeerDirectory lists the endpoint pickers an endpoint picker federates
+// with. It is a file format, not a resource: the hub writes it into the
+// ConfigMap PeerDirectoryName(service) under PeerDirectoryKey, the picker
+// reads it from a file (--federation-peers-file) and takes the entries of
+// its own pool. Operators who federate pickers without a hub write it by
+// hand in the same format.
+//
+// +kubebuilder:object:generate=false
+type PeerDirectory struct {
+	Peers []Peer `json:"peers"`
+}
+
+// MaxPeers bounds a directory, so a picker never holds more subscriptions
+// than it can serve.
+const MaxPeers = 1000
+
+// Peer is one remote cluster's endpoint picker for a pool.
+//
+// +kubebuilder:object:generate=false
+type Peer struct {
+	// Cluster is the peer's cluster name (a DNS label), unique per pool.
+	Cluster string `json:"cluster"`
+	// Pool limits the entry to the pickers of one InferencePool; without it
+	// the entry applies to every pool.
+	Pool *PoolRef `json:"pool,omitempty"`
+	// FederationAddress is host:port of the peer picker's federation server.
+	FederationAddress string `json:"federationAddress"`
+	// GatewayAddress is host:port of the peer cluster's inference gateway,
+	// needed for Parent mode.
+	GatewayAddress string `json:"gatewayAddress,omitempty"`
+	// Identity is the peer's mTLS identity: a URI SAN (e.g. a SPIFFE ID) or
+	// DNS SAN of its certificate. It is checked both ways: the subscriber
+	// verifies the server it dials, the server admits only listed identities.
+	Identity string `json:"identity"`
+	// Mode overrides the picker's default mode (--federation-mode) for this
+	// peer: Endpoint or Parent.
+	Mode FederationMode `json:"mode,omitempty"`
+}
+
+// PoolRef names an InferencePool; the same namespace and name identify it in
+// every cluster.
+//
+// +kubebuilder:object:generate=false
+type PoolRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+}
+
+// ParsePeerMode accepts the modes a peer can be reached in, Endpoint or
+// Parent, in any letter case.
+func ParsePeerMode(s string) (FederationMode, error) {
+	for _, m := range []FederationMode{FederationEndpoint, FederationParent} {
+		if strings.EqualFold(s, string(m)) {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("unknown federation mode %q (want Endpoint or Parent)", s)
+}
+
+// ParsePeerDirectory parses and validates a peer directory in YAML or JSON;
+// unknown fields are errors, so a typo does not silently drop a setting.
+func ParsePeerDirectory(data []byte) (*PeerDirectory, error) {
+	var d PeerDirectory
+	if err := yaml.UnmarshalStrict(data, &d); err != nil {
+		return nil, fmt.Errorf("peer directory: %w", err)
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Validate checks every entry.
+func (d *PeerDirectory) Validate() error {
+	if len(d.Peers) > MaxPeers {
+		return fmt.Errorf("peer directory lists %d peers, at most %d", len(d.Peers), MaxPeers)
+	}
+	type key struct{ cluster, pool string }
+	seen := map[key]bool{}
+	var errs []error
+	for i, p := range d.Peers {
+		if err := p.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("peers[%d]: %w", i, err))
+			continue
+		}
+		k := key{p.Cluster, ""}
+		if p.Pool != nil {
+			k.pool = p.Pool.Namespace + "/" + p.Pool.Name
+		}
+		if seen[k] {
+			errs = append(errs, fmt.Errorf("peers[%d]: cluster %s listed twice for the same pool", i, p.Cluster))
+		}
+		seen[k] = true
+	}
+	return errors.Join(errs...)
+}
+
+// Validate checks one entry.
+func (p Peer) Validate() error {
+	if msgs := validation.IsDNS1123Label(p.Cluster); len(msgs) > 0 {
+		return fmt.Errorf("cluster %q: %v", p.Cluster, msgs)
+	}
+	if p.Pool != nil && (p.Pool.Namespace == "" || p.Pool.Name == "") {
+		return errors.New("pool needs a namespace and a name")
+	}
+	if err := validHostPort(p.FederationAddress); err != nil {
+		return fmt.Errorf("federationAddress: %w", err)
+	}
+	if p.GatewayAddress != "" {
+		if err := validHostPort(p.GatewayAddress); err != nil {
+			return fmt.Errorf("gatewayAddress: %w", err)
+		}
+	}
+	if p.Identity == "" {
+		return errors.New("identity is required: peers authenticate each other by it")
+	}
+	if p.Mode != "" {
+		if _, err := ParsePeerMode(string(p.Mode)); err != nil {
+			return err
+		}
+	}
+	if p.Mode == FederationParent && p.GatewayAddress == "" {
+		return errors.New("Parent mode needs a gatewayAddress")
+	}
+	return nil
+}
+
+func validHostPort(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return err
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host", s)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+		return fmt.Errorf("%q has an invalid port", s)
+	}
+	return nil
+}
+
+// For returns the peers of pool, leaving out the picker's own cluster.
+func (d *PeerDirectory) For(pool types.NamespacedName, self string) []Peer {
+	var out []Peer
+	for _, p := range d.Peers {
+		if p.Cluster == self {
+			continue
+		}
+		if p.Pool != nil && (p.Pool.Namespace != pool.Namespace || p.Pool.Name != pool.Name) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
