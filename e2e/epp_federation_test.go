@@ -24,11 +24,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 )
 
 // The federation tests run one pool, "llama", in three clusters of the shared

@@ -26,10 +26,10 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 )
 
 // The gateway tests share one inference stack in the first spoke, built on

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // namespace creates a namespace named after the test on cluster c.

@@ -25,10 +25,10 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
-	"github.com/fleetinfer/fleetinfer/e2e/engaged"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/hub"
 	"github.com/fleetinfer/fleetinfer/hub/clusterprofile"
+	"github.com/fleetinfer/fleetinfer/localfleet/engaged"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // The registrations the fleet writes are enough for the hub's ClusterProfile

@@ -16,9 +16,9 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // pickerPod is the ready endpoint-picker pod of a service in a spoke.

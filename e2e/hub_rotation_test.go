@@ -19,9 +19,9 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	"github.com/fleetinfer/fleetinfer/hub/peers"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // hubCAOverlap is the suite hub's --federation-ca-rotation-overlap: longer

@@ -22,9 +22,9 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
 	"github.com/fleetinfer/fleetinfer/hub/distribute"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // gpuService is a KServe LLMInferenceService whose replicas each request

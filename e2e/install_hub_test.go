@@ -25,10 +25,10 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/deploy/charts"
-	"github.com/fleetinfer/fleetinfer/e2e/binaries"
-	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/process"
+	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 // kubectl runs the pinned kubectl.

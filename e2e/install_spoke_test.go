@@ -28,8 +28,8 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/deploy/charts"
 	"github.com/fleetinfer/fleetinfer/deploy/monitoring"
-	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // The install tests run on a second, small fleet (a hub and one spoke, on

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
-	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
+	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // KServe's data-parallel sample for GCP a3-highgpu-8g machines (DeepSeek

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // applySample creates the KServe sample at path in namespace ns of the

@@ -32,13 +32,13 @@ import (
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
-	"github.com/fleetinfer/fleetinfer/e2e/binaries"
-	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
-	"github.com/fleetinfer/fleetinfer/e2e/engaged"
-	"github.com/fleetinfer/fleetinfer/e2e/process"
 	"github.com/fleetinfer/fleetinfer/e2e/testenv"
 	"github.com/fleetinfer/fleetinfer/hub"
 	"github.com/fleetinfer/fleetinfer/hub/clusterprofile"
+	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/engaged"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 // The suite runs the provider against a real hub API server with the

@@ -1,6 +1,6 @@
 package fleet
 
-import "github.com/fleetinfer/fleetinfer/e2e/kubelet"
+import "github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 
 // GPU models of the default fleet, as GPU feature discovery labels them.
 const (

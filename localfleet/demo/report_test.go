@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetinfer/fleetinfer/e2e/loadgen"
+	"github.com/fleetinfer/fleetinfer/localfleet/loadgen"
 )
 
 func TestSummarizeCountsWhereRequestsWereServed(t *testing.T) {

@@ -28,11 +28,11 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
-	"github.com/fleetinfer/fleetinfer/e2e/metrics"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
+	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
 )
 
 // Ports of the pods, as GIE's chart and vLLM use them.

@@ -23,11 +23,11 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/apis"
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
-	"github.com/fleetinfer/fleetinfer/e2e/binaries"
-	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway"
-	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
-	"github.com/fleetinfer/fleetinfer/e2e/process"
+	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
+	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 // SpokeSpec describes one GPU cluster.

@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/fleetinfer/fleetinfer/e2e/loadgen"
 	"github.com/fleetinfer/fleetinfer/internal/stats"
+	"github.com/fleetinfer/fleetinfer/localfleet/loadgen"
 )
 
 // phaseStats summarises one load phase.

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetinfer/fleetinfer/e2e/binaries"
-	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
-	"github.com/fleetinfer/fleetinfer/e2e/process"
+	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 func TestReadStreamCountsTokensAndRefusesBrokenStreams(t *testing.T) {

@@ -23,9 +23,9 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
-	"github.com/fleetinfer/fleetinfer/e2e/loadgen"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
+	"github.com/fleetinfer/fleetinfer/localfleet/loadgen"
 )
 
 // Options configures a demo run.

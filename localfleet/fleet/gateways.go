@@ -15,7 +15,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
 )
 
 // The Gateway API objects the fleet creates in every spoke: a GatewayClass

@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 )
 
 type listenerKind string

@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/netip"
 
-	"github.com/fleetinfer/fleetinfer/e2e/gateway"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
 )
 
 // RestartGateway stops spoke s's gateway, if it runs, and starts a new one

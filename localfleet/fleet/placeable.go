@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
-	"github.com/fleetinfer/fleetinfer/e2e/metrics"
+	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
 )
 
 // WaitPlaceable waits until the hub can place on every spoke: the hub has

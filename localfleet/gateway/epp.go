@@ -3,7 +3,7 @@ package gateway
 import (
 	"sync"
 
-	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 )
 
 // eppClients keeps one ext-proc client (one HTTP/2 connection) per

@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/fleetinfer/fleetinfer/e2e/process"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 // Binaries locates the executables of a control plane.

@@ -85,7 +85,7 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 )
 
 // ControllerName is the GatewayClass controllerName this gateway implements.
