@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
@@ -138,7 +139,7 @@ func TestKServeMultiNodeSampleRunsAsALeaderWorkerSet(t *testing.T) {
 	if err := spoke.Client.Delete(ctx, svc); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Minute, "LeaderWorkerSet, StatefulSets and pods gone", func(ctx context.Context) error {
+	testutil.Eventually(t, 2*time.Minute, "LeaderWorkerSet, StatefulSets and pods gone", func(ctx context.Context) error {
 		err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: lwsName}, &lwsv1.LeaderWorkerSet{})
 		if !apierrors.IsNotFound(err) {
 			return errors.Join(errors.New("LeaderWorkerSet still there"), err)

@@ -12,6 +12,7 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -31,7 +32,8 @@ type Options struct {
 	// Controllers limits kube-controller-manager to these controllers
 	// (its --controllers syntax); empty runs the local fleet's set.
 	Controllers string
-	Scheme      *runtime.Scheme
+	// Scheme of Env.Client; nil is client-go's (the built-in types).
+	Scheme *runtime.Scheme
 }
 
 // Env is a running control plane.
@@ -105,7 +107,7 @@ func start(opts Options, reg *process.Registry) (*Env, error) {
 	}
 	scheme := opts.Scheme
 	if scheme == nil {
-		scheme = runtime.NewScheme()
+		scheme = clientgoscheme.Scheme
 	}
 	c, err := client.New(cp.Admin(), client.Options{Scheme: scheme})
 	if err != nil {
