@@ -10,8 +10,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // freeGPUs reads a spoke's ClusterCapacity for one product.
@@ -35,7 +36,7 @@ func TestCapacityReportFollowsGPUPodsWithinSeconds(t *testing.T) {
 	product := spoke.Spec.Nodes[0].GPUProduct
 	ctx := context.Background()
 	var before int64
-	eventually(t, 30*time.Second, "capacity published", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "capacity published", func(ctx context.Context) error {
 		var err error
 		before, err = freeGPUs(ctx, spoke, product)
 		return err
@@ -47,7 +48,7 @@ func TestCapacityReportFollowsGPUPodsWithinSeconds(t *testing.T) {
 	}
 	pod := readyPod(t, spoke, ns, map[string]string{"app": "two-gpus"})
 	bound := time.Now()
-	eventually(t, 5*time.Second, "free GPUs drop by 2", func(ctx context.Context) error {
+	testutil.Eventually(t, 5*time.Second, "free GPUs drop by 2", func(ctx context.Context) error {
 		free, err := freeGPUs(ctx, spoke, product)
 		if err != nil || free != before-2 {
 			return fmt.Errorf("free %d (was %d): %v", free, before, err)
@@ -58,7 +59,7 @@ func TestCapacityReportFollowsGPUPodsWithinSeconds(t *testing.T) {
 	if err := spoke.Client.Delete(ctx, dep, client.PropagationPolicy("Foreground")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "pod gone", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "pod gone", func(ctx context.Context) error {
 		pods, err := podsOf(ctx, spoke, ns, map[string]string{"app": "two-gpus"})
 		if err != nil || len(pods) > 0 {
 			return fmt.Errorf("%d pods (%v)", len(pods), err)
@@ -66,7 +67,7 @@ func TestCapacityReportFollowsGPUPodsWithinSeconds(t *testing.T) {
 		return nil
 	})
 	deleted := time.Now()
-	eventually(t, 5*time.Second, "free GPUs back", func(ctx context.Context) error {
+	testutil.Eventually(t, 5*time.Second, "free GPUs back", func(ctx context.Context) error {
 		free, err := freeGPUs(ctx, spoke, product)
 		if err != nil || free != before {
 			return fmt.Errorf("free %d, want %d: %v", free, before, err)
@@ -83,7 +84,7 @@ func TestCapacityReportFollowsGPUPodsWithinSeconds(t *testing.T) {
 // GPUs when it gives up.
 func allGPUsFree(t *testing.T) {
 	t.Helper()
-	eventually(t, 60*time.Second, "every GPU free", func(ctx context.Context) error {
+	testutil.Eventually(t, 60*time.Second, "every GPU free", func(ctx context.Context) error {
 		for _, s := range fl.Spokes {
 			if !s.Running() {
 				continue

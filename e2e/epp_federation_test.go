@@ -24,11 +24,12 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 )
 
 // The federation tests run one pool, "llama", in three clusters of the shared
@@ -212,7 +213,7 @@ func TestEPPFederation(t *testing.T) {
 	defer stop()
 	seen := map[string]*extproc.Pick{}
 	t.Run("spill to remote clusters when local pods are saturated", func(t *testing.T) {
-		eventually(t, 30*time.Second, "picks in both remote clusters", func(context.Context) error {
+		testutil.Eventually(t, 30*time.Second, "picks in both remote clusters", func(context.Context) error {
 			p := pick(t, east, fedCompletion("spill"))
 			switch {
 			case slices.Contains(west.Pods, p.Primary()):
@@ -310,7 +311,7 @@ func TestEPPFederation(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		eventually(t, 30*time.Second, "503 without pods", func(context.Context) error {
+		testutil.Eventually(t, 30*time.Second, "503 without pods", func(context.Context) error {
 			p := pick(t, east, fedCompletion("nobody home"))
 			if p.Immediate == nil || p.Immediate.Status != http.StatusServiceUnavailable {
 				return fmt.Errorf("pick %q, immediate %v", p.Destination, p.Immediate)

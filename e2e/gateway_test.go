@@ -26,10 +26,11 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 )
 
 // The gateway tests share one inference stack in the first spoke, built on
@@ -229,7 +230,7 @@ func gwCreateRoute(t *testing.T, s *inferenceStack, r *gatewayv1.HTTPRoute) {
 	if err := s.spoke.Client.Create(context.Background(), r); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "route accepted", func(ctx context.Context) error {
+	testutil.Eventually(t, 20*time.Second, "route accepted", func(ctx context.Context) error {
 		if err := s.spoke.Client.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
 			return err
 		}
@@ -301,7 +302,7 @@ func TestExtProcPickAgreesInHeaderAndMetadataAndHonoursSubset(t *testing.T) {
 			Body:   bytes.NewReader(body), Subset: subset}
 	}
 	var p *extproc.Pick
-	eventually(t, 20*time.Second, "picker picks", func(ctx context.Context) error {
+	testutil.Eventually(t, 20*time.Second, "picker picks", func(ctx context.Context) error {
 		var err error
 		if p, err = c.Pick(ctx, req(nil)); err != nil {
 			return err
@@ -499,7 +500,7 @@ func TestGatewayRewritesPathAndProgramsRouteAndPoolStatus(t *testing.T) {
 	if err := s.spoke.Client.Update(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "ResolvedRefs for the new generation", func(ctx context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "ResolvedRefs for the new generation", func(ctx context.Context) error {
 		if err := s.spoke.Client.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
 			return err
 		}
@@ -565,7 +566,7 @@ func TestGatewayFailsOpenOrClosedWhenPickerIsDown(t *testing.T) {
 	if err := s.spoke.Client.Update(ctx, &pool); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "FailClose answers 503", func(context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "FailClose answers 503", func(context.Context) error {
 		resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion("fail closed", false, 2), nil)
 		if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Contains(b, []byte("endpoint picker unavailable")) {
 			return fmt.Errorf("%s %s", resp.Status, b)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,25 +11,18 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // namespace creates a namespace named after the test on cluster c.
 func namespace(t *testing.T, c *fleet.Cluster) string {
 	t.Helper()
-	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
-	if len(name) > 50 {
-		name = name[:50]
-	}
-	name = strings.Trim(name, "-") + fmt.Sprintf("-%d", time.Now().UnixNano()%100000)
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := c.Client.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
+	name := testutil.NewNamespace(t, c.Client)
 	// Tests share the fleet and some count free GPUs: a test's pods go with
 	// it.
 	t.Cleanup(func() {
-		_ = c.Client.Delete(context.Background(), ns)
+		_ = c.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 		noPods(t, c, name, nil)
 	})
 	return name
@@ -40,32 +32,13 @@ func namespace(t *testing.T, c *fleet.Cluster) string {
 // left.
 func noPods(t *testing.T, c *fleet.Cluster, ns string, labels map[string]string) {
 	t.Helper()
-	eventually(t, 60*time.Second, "pods of "+ns+" gone from "+c.Name(), func(ctx context.Context) error {
+	testutil.Eventually(t, 60*time.Second, "pods of "+ns+" gone from "+c.Name(), func(ctx context.Context) error {
 		pods, err := podsOf(ctx, c, ns, labels)
 		if err != nil || len(pods) > 0 {
 			return fmt.Errorf("%d pods left (%v)", len(pods), err)
 		}
 		return nil
 	})
-}
-
-// eventually retries check until it returns nil or timeout passes, then
-// fails the test with the last error.
-func eventually(t *testing.T, timeout time.Duration, what string, check func(ctx context.Context) error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var last error
-	for {
-		if last = check(ctx); last == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not true after %s: %v", what, timeout, last)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // podsOf lists the pods of namespace ns matching labels.
@@ -79,7 +52,7 @@ func podsOf(ctx context.Context, c *fleet.Cluster, ns string, labels map[string]
 func readyPod(t *testing.T, c *fleet.Cluster, ns string, labels map[string]string) corev1.Pod {
 	t.Helper()
 	var pod corev1.Pod
-	eventually(t, 60*time.Second, "pod ready", func(ctx context.Context) error {
+	testutil.Eventually(t, 60*time.Second, "pod ready", func(ctx context.Context) error {
 		pods, err := podsOf(ctx, c, ns, labels)
 		if err != nil {
 			return err

@@ -25,10 +25,11 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
-	"github.com/fleetinfer/fleetinfer/e2e/engaged"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/hub"
 	"github.com/fleetinfer/fleetinfer/hub/clusterprofile"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/engaged"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // The registrations the fleet writes are enough for the hub's ClusterProfile
@@ -77,7 +78,7 @@ func TestHubClusterProfileProviderEngagesEveryFleetSpoke(t *testing.T) {
 		want = append(want, s.Name())
 	}
 	sort.Strings(want)
-	eventually(t, 60*time.Second, "every spoke engaged through its ClusterProfile", func(ctx context.Context) error {
+	testutil.Eventually(t, 60*time.Second, "every spoke engaged through its ClusterProfile", func(ctx context.Context) error {
 		got := rec.Clusters()
 		if names := slices.Sorted(maps.Keys(got)); !slices.Equal(names, want) {
 			return fmt.Errorf("engaged %v, want %v", names, want)
@@ -172,7 +173,7 @@ func profileMirrors(cp *clusterinventoryv1alpha1.ClusterProfile, mc *clusterv1.M
 // for external schedulers.
 func decide(t *testing.T, pl *clusterv1beta1.Placement, clusters ...string) {
 	t.Helper()
-	eventually(t, 10*time.Second, "PlacementDecision written", func(ctx context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "PlacementDecision written", func(ctx context.Context) error {
 		pd := &clusterv1beta1.PlacementDecision{ObjectMeta: metav1.ObjectMeta{Namespace: pl.Namespace, Name: pl.Name + "-decision-1"}}
 		if _, err := controllerutil.CreateOrUpdate(ctx, fl.Hub.Client, pd, func() error {
 			pd.Labels = map[string]string{clusterv1beta1.PlacementLabel: pl.Name, clusterv1beta1.DecisionGroupIndexLabel: "0"}
@@ -206,7 +207,7 @@ func TestHubOCMPlacementDecisionsChooseTheClusters(t *testing.T) {
 
 	// Only the new decision may move the service: while the copies still
 	// settle, any of their events would make the hub look again anyway.
-	eventually(t, 60*time.Second, "the hub quiet for 5 s", func(context.Context) error {
+	testutil.Eventually(t, 60*time.Second, "the hub quiet for 5 s", func(context.Context) error {
 		if quiet := time.Since(lastWrite(t, began)); quiet < 5*time.Second {
 			return fmt.Errorf("last write %s ago", quiet.Round(time.Second))
 		}

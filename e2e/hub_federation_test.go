@@ -16,9 +16,10 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // pickerPod is the ready endpoint-picker pod of a service in a spoke.
@@ -41,7 +42,7 @@ func directory(ctx context.Context, c *fleet.Cluster, ns, svc string) (*federati
 // hold a stream to every other member and their pods.
 func pickersConnected(t *testing.T, ns, name string, members ...string) {
 	t.Helper()
-	eventually(t, 30*time.Second, "pickers connected", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "pickers connected", func(ctx context.Context) error {
 		for _, m := range members {
 			pod := pickerPod(t, fl.Spoke(m), ns, name)
 			got, err := fedpool.EPPMetrics(ctx, pod)
@@ -84,7 +85,7 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 	// want checks every member's directory against the members' pickers.
 	want := func(members ...string) {
 		t.Helper()
-		eventually(t, 60*time.Second, "peer directories of "+strings.Join(members, "+"), func(ctx context.Context) error {
+		testutil.Eventually(t, 60*time.Second, "peer directories of "+strings.Join(members, "+"), func(ctx context.Context) error {
 			addr := map[string]string{}
 			for _, m := range members {
 				pod := pickerPod(t, fl.Spoke(m), ns, name)
@@ -127,7 +128,7 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 		}
 	}
 
-	eventually(t, 10*time.Second, "narrow placement", func(ctx context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "narrow placement", func(ctx context.Context) error {
 		if err := fl.Hub.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 			return err
 		}
@@ -142,7 +143,7 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 	// published for them; starting it again publishes afresh.
 	setStopped := func(stopped string) {
 		t.Helper()
-		eventually(t, 10*time.Second, "annotate "+v1alpha2.StopAnnotation+"="+stopped, func(ctx context.Context) error {
+		testutil.Eventually(t, 10*time.Second, "annotate "+v1alpha2.StopAnnotation+"="+stopped, func(ctx context.Context) error {
 			cur := &v1alpha2.LLMInferenceService{}
 			if err := fl.Hub.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cur); err != nil {
 				return err
@@ -155,7 +156,7 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 		})
 	}
 	setStopped("true")
-	eventually(t, 30*time.Second, "federation objects removed from stopped copies", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "federation objects removed from stopped copies", func(ctx context.Context) error {
 		for _, m := range []string{"east", "west"} {
 			if _, err := directory(ctx, fl.Spoke(m), ns, name); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("%s: peer directory still there (%v)", m, err)

@@ -19,9 +19,10 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	"github.com/fleetinfer/fleetinfer/hub/peers"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // hubCAOverlap is the suite hub's --federation-ca-rotation-overlap: longer
@@ -96,7 +97,7 @@ func TestHubRotatesTheFederationCAWithoutRefusingPeers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "replace the CA", func(ctx context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "replace the CA", func(ctx context.Context) error {
 		s := &corev1.Secret{}
 		if err := fl.Hub.Client.Get(ctx, client.ObjectKey{Namespace: fleet.Namespace, Name: "fleetinfer-federation-ca"}, s); err != nil {
 			return err
@@ -108,7 +109,7 @@ func TestHubRotatesTheFederationCAWithoutRefusingPeers(t *testing.T) {
 
 	phase := func(what string, check func(m string, s *corev1.Secret) error) {
 		t.Helper()
-		eventually(t, 60*time.Second, what, func(ctx context.Context) error {
+		testutil.Eventually(t, 60*time.Second, what, func(ctx context.Context) error {
 			for _, m := range members {
 				s, err := federationSecret(ctx, m, ns, name)
 				if err != nil {
@@ -161,7 +162,7 @@ func TestHubRotatesTheFederationCAWithoutRefusingPeers(t *testing.T) {
 		t.Fatalf("only %d subscriptions sampled", samples)
 	}
 	pickersConnected(t, ns, name, "east", "west")
-	eventually(t, 10*time.Second, "events of the rotation on the hub service", func(ctx context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "events of the rotation on the hub service", func(ctx context.Context) error {
 		var events corev1.EventList
 		if err := fl.Hub.Client.List(ctx, &events, client.InNamespace(ns)); err != nil {
 			return err

@@ -22,9 +22,10 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
 	"github.com/fleetinfer/fleetinfer/hub/distribute"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // gpuService is a KServe LLMInferenceService whose replicas each request
@@ -109,7 +110,7 @@ func split(m map[string]int32) string {
 func hubReady(t *testing.T, ns, name, want string, timeout time.Duration) *v1alpha2.LLMInferenceService {
 	t.Helper()
 	svc := &v1alpha2.LLMInferenceService{}
-	eventually(t, timeout, "hub Ready with "+want, func(ctx context.Context) error {
+	testutil.Eventually(t, timeout, "hub Ready with "+want, func(ctx context.Context) error {
 		if err := fl.Hub.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
 			return err
 		}
@@ -141,7 +142,7 @@ func hubConditions(svc *v1alpha2.LLMInferenceService) string {
 
 func eventuallyNoCopies(t *testing.T, ns, name string) {
 	t.Helper()
-	eventually(t, 60*time.Second, "no copies left", func(ctx context.Context) error {
+	testutil.Eventually(t, 60*time.Second, "no copies left", func(ctx context.Context) error {
 		got, err := copies(ctx, ns, name)
 		if err != nil || len(got) > 0 {
 			return fmt.Errorf("copies %s (%v)", split(got), err)
@@ -200,7 +201,7 @@ func TestHubMovesReplicasWhenThePlacementChanges(t *testing.T) {
 		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east"}},
 		Replicas: fleetv1alpha1.ReplicaScheduling{Strategy: fleetv1alpha1.Duplicated}})
 	hubReady(t, ns, "mover", "east=2", 60*time.Second)
-	eventually(t, 10*time.Second, "placement updated", func(ctx context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "placement updated", func(ctx context.Context) error {
 		if err := fl.Hub.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 			return err
 		}
@@ -208,7 +209,7 @@ func TestHubMovesReplicasWhenThePlacementChanges(t *testing.T) {
 		return fl.Hub.Client.Update(ctx, p)
 	})
 	hubReady(t, ns, "mover", "west=2", 60*time.Second)
-	eventually(t, 10*time.Second, "placement status", func(ctx context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "placement status", func(ctx context.Context) error {
 		if err := fl.Hub.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 			return err
 		}
@@ -229,7 +230,7 @@ func TestHubDeletesEveryCopyWithTheService(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventuallyNoCopies(t, ns, "doomed")
-	eventually(t, 30*time.Second, "hub object gone", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "hub object gone", func(ctx context.Context) error {
 		err := fl.Hub.Client.Get(ctx, client.ObjectKeyFromObject(svc), &v1alpha2.LLMInferenceService{})
 		if err == nil {
 			return fmt.Errorf("still there")
@@ -255,7 +256,7 @@ func TestHubReportsButNeverOverwritesAForeignObject(t *testing.T) {
 	place(t, gpuService(ns, "contested", 1, 1), fleetv1alpha1.InferencePlacementSpec{
 		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east", "west"}}})
 	svc := &v1alpha2.LLMInferenceService{}
-	eventually(t, 30*time.Second, "conflict reported", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "conflict reported", func(ctx context.Context) error {
 		if err := fl.Hub.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "contested"}, svc); err != nil {
 			return err
 		}
@@ -348,7 +349,7 @@ func TestHubSteadyStateMakesNoWrites(t *testing.T) {
 			Weights: []fleetv1alpha1.ClusterWeight{{Cluster: "east", Weight: 2}, {Cluster: "west", Weight: 1}}}})
 	hubReady(t, ns, "steady-a", "central=1,east=1,west=1", 60*time.Second)
 	hubReady(t, ns, "steady-b", "east=2,west=1", 60*time.Second)
-	eventually(t, 30*time.Second, "complete peer directories", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "complete peer directories", func(ctx context.Context) error {
 		for _, s := range fl.Spokes {
 			if d, err := directory(ctx, s, ns, "steady-a"); err != nil || len(d.Peers) != 2 {
 				return fmt.Errorf("%s: %v %v", s.Name(), d, err)
@@ -404,7 +405,7 @@ func TestHubExportsPoolsAndImportsThemEverywhere(t *testing.T) {
 	pool := "exported-inference-pool"
 	want := func(w map[string]string) {
 		t.Helper()
-		eventually(t, 60*time.Second, fmt.Sprintf("imports %v", w), func(ctx context.Context) error {
+		testutil.Eventually(t, 60*time.Second, fmt.Sprintf("imports %v", w), func(ctx context.Context) error {
 			got, err := exporters(ctx, ns, pool)
 			if err != nil {
 				return err
@@ -430,7 +431,7 @@ func TestHubExportsPoolsAndImportsThemEverywhere(t *testing.T) {
 		t.Errorf("east's pool has no Exported parent entry: %+v", ip.Status.Parents)
 	}
 
-	eventually(t, 10*time.Second, "narrow placement", func(ctx context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "narrow placement", func(ctx context.Context) error {
 		if err := fl.Hub.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 			return err
 		}
@@ -469,7 +470,7 @@ func TestHubFailsOverALostSpokeAndSettlesWhenItReturns(t *testing.T) {
 			_ = central.Start(context.Background())
 		}
 	})
-	eventually(t, toleration+10*time.Second, "replicas re-placed on west", func(ctx context.Context) error {
+	testutil.Eventually(t, toleration+10*time.Second, "replicas re-placed on west", func(ctx context.Context) error {
 		cp := &v1alpha2.LLMInferenceService{}
 		if err := west.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "resilient"}, cp); err != nil {
 			return err
@@ -480,7 +481,7 @@ func TestHubFailsOverALostSpokeAndSettlesWhenItReturns(t *testing.T) {
 		return nil
 	})
 	t.Logf("replicas re-placed %s after the control plane began to stop (toleration %s)", time.Since(lost).Round(100*time.Millisecond), toleration)
-	eventually(t, 60*time.Second, "west serving", func(ctx context.Context) error {
+	testutil.Eventually(t, 60*time.Second, "west serving", func(ctx context.Context) error {
 		cp := &v1alpha2.LLMInferenceService{}
 		if err := west.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "resilient"}, cp); err != nil {
 			return err
@@ -501,7 +502,7 @@ func TestHubFailsOverALostSpokeAndSettlesWhenItReturns(t *testing.T) {
 	// Settling takes a few writes (the stale copy's deletion, status);
 	// churn would be writes that never stop. Require a quiet 15 s within a
 	// minute of the return.
-	eventually(t, 60*time.Second, "15 s without hub writes", func(context.Context) error {
+	testutil.Eventually(t, 60*time.Second, "15 s without hub writes", func(context.Context) error {
 		w := auditWrites(t, back)
 		if len(w) > 0 && time.Since(lastWrite(t, back)) < 15*time.Second {
 			return fmt.Errorf("%d writes since the cluster returned, the last %s ago", len(w), time.Since(lastWrite(t, back)).Round(time.Second))

@@ -25,10 +25,11 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/deploy/charts"
-	"github.com/fleetinfer/fleetinfer/e2e/binaries"
-	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/process"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 // kubectl runs the pinned kubectl.
@@ -144,7 +145,7 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 	if err := controlplane.WaitHTTP(ctx, p, http.DefaultClient, "http://"+probeAddr+"/readyz", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "a hub leader", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "a hub leader", func(ctx context.Context) error {
 		return leaseHeld(ctx, hub.Client, "fleetinfer-hub")
 	})
 
@@ -160,7 +161,7 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 90*time.Second, "hub service Ready from its spoke copy", func(ctx context.Context) error {
+	testutil.Eventually(t, 90*time.Second, "hub service Ready from its spoke copy", func(ctx context.Context) error {
 		cur := &v1alpha2.LLMInferenceService{}
 		if err := hub.Client.Get(ctx, client.ObjectKeyFromObject(svc), cur); err != nil {
 			return err
@@ -170,7 +171,7 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 		}
 		return spoke.Client.Get(ctx, client.ObjectKeyFromObject(svc), &v1alpha2.LLMInferenceService{})
 	})
-	eventually(t, 30*time.Second, "federation objects published in the spoke", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "federation objects published in the spoke", func(ctx context.Context) error {
 		for _, o := range []client.Object{
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svc.Name)}},
 			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fleetv1alpha1.FederationTLSName(svc.Name)}},
@@ -193,7 +194,7 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 	if err := hub.Client.Delete(ctx, svc); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "spoke copy removed with the hub service", func(ctx context.Context) error {
+	testutil.Eventually(t, 60*time.Second, "spoke copy removed with the hub service", func(ctx context.Context) error {
 		err := spoke.Client.Get(ctx, client.ObjectKeyFromObject(svc), &v1alpha2.LLMInferenceService{})
 		if client.IgnoreNotFound(err) != nil || err == nil {
 			return fmt.Errorf("copy still there (%v)", err)

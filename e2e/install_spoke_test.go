@@ -28,8 +28,9 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/deploy/charts"
 	"github.com/fleetinfer/fleetinfer/deploy/monitoring"
-	"github.com/fleetinfer/fleetinfer/e2e/fedpool"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // The install tests run on a second, small fleet (a hub and one spoke, on
@@ -74,7 +75,7 @@ func serverSideApply(t *testing.T, c client.Client, manager string, objs []*unst
 			}
 		}
 		if crdsFirst {
-			eventually(t, 30*time.Second, "CRDs established", func(ctx context.Context) error {
+			testutil.Eventually(t, 30*time.Second, "CRDs established", func(ctx context.Context) error {
 				return crdsEstablished(ctx, c, objs)
 			})
 		}
@@ -171,7 +172,7 @@ func exposesDashboardMetrics(t *testing.T, what, url string, prefixes []string, 
 		t.Fatalf("no dashboard metric of %s to check", what)
 	}
 	slices.Sort(want)
-	eventually(t, 30*time.Second, what+" exposes the dashboard's metrics", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, what+" exposes the dashboard's metrics", func(ctx context.Context) error {
 		exposition, err := scrape(ctx, url)
 		if err != nil {
 			return err
@@ -227,7 +228,7 @@ func installSpokeChart(t *testing.T, spoke *fleet.Cluster) {
 
 	controllers := map[string]string{"app.kubernetes.io/instance": release, "app.kubernetes.io/component": "controller"}
 	var pods []corev1.Pod
-	eventually(t, 90*time.Second, "two ready controller pods", func(ctx context.Context) error {
+	testutil.Eventually(t, 90*time.Second, "two ready controller pods", func(ctx context.Context) error {
 		if pods, err = podsOf(ctx, spoke, fleet.Namespace, controllers); err != nil {
 			return err
 		}
@@ -242,7 +243,7 @@ func installSpokeChart(t *testing.T, spoke *fleet.Cluster) {
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, "a leader", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "a leader", func(ctx context.Context) error {
 		return leaseHeld(ctx, spoke.Client, "fleetinfer-spoke")
 	})
 	cfg := &v1alpha2.LLMInferenceServiceConfig{}
@@ -255,7 +256,7 @@ func installSpokeChart(t *testing.T, spoke *fleet.Cluster) {
 
 	epp := serveKServeCPUSample(t, spoke)
 
-	eventually(t, 30*time.Second, "capacity report", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "capacity report", func(ctx context.Context) error {
 		return spoke.Client.Get(ctx, client.ObjectKey{Name: "cluster"}, &fleetv1alpha1.ClusterCapacity{})
 	})
 	leaders := 0

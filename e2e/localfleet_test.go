@@ -26,8 +26,9 @@ import (
 	clusterv1 "open-cluster-management.io/api/cluster/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
-	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // vllmDeployment is a model-server Deployment as a user would write it for
@@ -121,7 +122,7 @@ func TestModelServerPodServesOnItsPodIPAndStopsWithItsDeployment(t *testing.T) {
 	if err := spoke.Client.Delete(ctx, dep, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "pod and process gone", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "pod and process gone", func(ctx context.Context) error {
 		err := spoke.Client.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.Pod{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("pod still exists (%v)", err)
@@ -146,7 +147,7 @@ func TestPodRequestingMoreGPUsThanAnyNodeStaysPendingWithEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pod corev1.Pod
-	eventually(t, 30*time.Second, "FailedScheduling event", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "FailedScheduling event", func(ctx context.Context) error {
 		pods, err := podsOf(ctx, spoke, ns, map[string]string{"app": "too-big"})
 		if err != nil || len(pods) != 1 {
 			return fmt.Errorf("%d pods (%v)", len(pods), err)
@@ -186,7 +187,7 @@ func TestUnknownImageStaysPendingWithReason(t *testing.T) {
 	if err := spoke.Client.Create(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "ErrImagePull", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "ErrImagePull", func(ctx context.Context) error {
 		if err := spoke.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
 			return err
 		}
@@ -224,7 +225,7 @@ func TestDeadProcessIsRestartedAndCounted(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "restarted and ready", func(ctx context.Context) error {
+	testutil.Eventually(t, 30*time.Second, "restarted and ready", func(ctx context.Context) error {
 		if err := spoke.Client.Get(ctx, client.ObjectKeyFromObject(&pod), &pod); err != nil {
 			return err
 		}

@@ -16,7 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
-	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // KServe's data-parallel sample for GCP a3-highgpu-8g machines (DeepSeek
@@ -138,7 +139,7 @@ func TestKServeMultiNodeSampleRunsAsALeaderWorkerSet(t *testing.T) {
 	if err := spoke.Client.Delete(ctx, svc); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Minute, "LeaderWorkerSet, StatefulSets and pods gone", func(ctx context.Context) error {
+	testutil.Eventually(t, 2*time.Minute, "LeaderWorkerSet, StatefulSets and pods gone", func(ctx context.Context) error {
 		err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: lwsName}, &lwsv1.LeaderWorkerSet{})
 		if !apierrors.IsNotFound(err) {
 			return errors.Join(errors.New("LeaderWorkerSet still there"), err)

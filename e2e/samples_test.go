@@ -16,7 +16,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // applySample creates the KServe sample at path in namespace ns of the
@@ -43,7 +44,7 @@ func applySample(t *testing.T, spoke *fleet.Cluster, path, ns string) string {
 func serviceReady(t *testing.T, spoke *fleet.Cluster, ns, name string, timeout time.Duration) *v1alpha2.LLMInferenceService {
 	t.Helper()
 	svc := &v1alpha2.LLMInferenceService{}
-	eventually(t, timeout, "Ready", func(ctx context.Context) error {
+	testutil.Eventually(t, timeout, "Ready", func(ctx context.Context) error {
 		if err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
 			return err
 		}

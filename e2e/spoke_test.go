@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 const cpuSample = "../apis/serving/v1alpha2/testdata/kserve-v0.20.0/samples/opt-125m-cpu__llm-inference-service-facebook-opt-125m-cpu.0.yaml"

@@ -34,12 +34,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fleetinfer/fleetinfer/bench/internal/host"
-	"github.com/fleetinfer/fleetinfer/e2e/binaries"
-	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
-	"github.com/fleetinfer/fleetinfer/e2e/gateway/extproc"
-	"github.com/fleetinfer/fleetinfer/e2e/metrics"
-	"github.com/fleetinfer/fleetinfer/e2e/process"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
+	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
+	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 type config struct {

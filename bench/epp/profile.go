@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fleetinfer/fleetinfer/e2e/process"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 // profilePhases runs every phase once per EPP under the benchmark's load and

@@ -13,7 +13,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/e2e/kubelet"
+	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // failoverResult is one loss of a spoke's control plane, timed from the

@@ -4,7 +4,7 @@ import (
 	"context"
 	"strings"
 
-	"github.com/fleetinfer/fleetinfer/e2e/metrics"
+	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
 )
 
 // hubWork is what the hub did during a phase, from its Prometheus metrics:

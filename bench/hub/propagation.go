@@ -17,8 +17,8 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/bench/internal/host"
-	"github.com/fleetinfer/fleetinfer/e2e/fleet"
 	"github.com/fleetinfer/fleetinfer/internal/stats"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 type bench struct {

@@ -13,7 +13,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/fleetinfer/fleetinfer/e2e/demo"
+	"github.com/fleetinfer/fleetinfer/localfleet/demo"
 )
 
 func main() {

@@ -15,7 +15,6 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clientcmdv1 "k8s.io/client-go/tools/clientcmd/api/v1"
@@ -32,13 +31,14 @@ import (
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
-	"github.com/fleetinfer/fleetinfer/e2e/binaries"
-	"github.com/fleetinfer/fleetinfer/e2e/controlplane"
-	"github.com/fleetinfer/fleetinfer/e2e/engaged"
-	"github.com/fleetinfer/fleetinfer/e2e/process"
-	"github.com/fleetinfer/fleetinfer/e2e/testenv"
 	"github.com/fleetinfer/fleetinfer/hub"
 	"github.com/fleetinfer/fleetinfer/hub/clusterprofile"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/internal/testutil/testenv"
+	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/engaged"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 // The suite runs the provider against a real hub API server with the
@@ -51,6 +51,9 @@ var (
 )
 
 const consumer = "fleetinfer-hub"
+
+// waitTimeout bounds each wait for the provider.
+const waitTimeout = 30 * time.Second
 
 // execCredentialEnv turns the test binary into a client-go exec credential
 // plugin that prints the ExecCredential in the named file, standing in for
@@ -155,7 +158,7 @@ type harness struct {
 // the test ends.
 func startProvider(t *testing.T, accessCfg *access.Config) *harness {
 	t.Helper()
-	h := &harness{ns: newNamespace(t), rec: engaged.New()}
+	h := &harness{ns: testutil.NewNamespace(t, env.Client), rec: engaged.New()}
 	h.provider = clusterprofile.New(clusterprofile.Options{Namespace: h.ns, Consumer: consumer, Access: accessCfg,
 		ClusterOptions: hub.ClusterOptions()})
 	mgr, err := mcmanager.New(env.Config, h.provider, mcmanager.Options{
@@ -183,19 +186,6 @@ func startProvider(t *testing.T, accessCfg *access.Config) *harness {
 		}
 	})
 	return h
-}
-
-func newNamespace(t *testing.T) string {
-	t.Helper()
-	name := strings.ToLower(t.Name())
-	if len(name) > 50 {
-		name = name[:50]
-	}
-	name = strings.Trim(name, "-") + fmt.Sprintf("-%d", time.Now().UnixNano()%100000)
-	if err := env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
-		t.Fatal(err)
-	}
-	return name
 }
 
 func (h *harness) profile(t *testing.T, name string, status *clusterinventoryv1alpha1.ClusterProfileStatus) *clusterinventoryv1alpha1.ClusterProfile {
@@ -249,7 +239,7 @@ func kubeconfig(t *testing.T, member string) []byte {
 func (h *harness) engagedWith(t *testing.T, name, member string) cluster.Cluster {
 	t.Helper()
 	var cl cluster.Cluster
-	eventually(t, name+" engaged with member "+member, func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, name+" engaged with member "+member, func(ctx context.Context) error {
 		if cl = h.rec.Cluster(name); cl == nil {
 			return fmt.Errorf("not engaged; engagements: %q", h.rec.History())
 		}
@@ -270,7 +260,7 @@ func reaches(ctx context.Context, cl cluster.Cluster, member string) error {
 // that the cluster is not engaged.
 func (h *harness) refused(t *testing.T, name, reason string) {
 	t.Helper()
-	eventually(t, name+" refused with "+reason, func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, name+" refused with "+reason, func(ctx context.Context) error {
 		var events corev1.EventList
 		if err := env.Client.List(ctx, &events, client.InNamespace(h.ns)); err != nil {
 			return err
@@ -295,7 +285,7 @@ func (h *harness) refused(t *testing.T, name, reason string) {
 
 func (h *harness) disengaged(t *testing.T, name string) {
 	t.Helper()
-	eventually(t, name+" disengaged", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, name+" disengaged", func(ctx context.Context) error {
 		if h.rec.Cluster(name) != nil {
 			return fmt.Errorf("still engaged; engagements: %q", h.rec.History())
 		}
@@ -327,17 +317,6 @@ func gauge(t *testing.T, name string) (value float64, ok bool) {
 		}
 	}
 	return 0, false
-}
-
-func eventually(t *testing.T, what string, check func(ctx context.Context) error) {
-	t.Helper()
-	var last error
-	if err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		last = check(ctx)
-		return last == nil, nil
-	}); err != nil {
-		t.Fatalf("%s: %v", what, last)
-	}
 }
 
 // --- tests ---
@@ -383,7 +362,7 @@ func TestChangedKubeconfigReEngages(t *testing.T) {
 	}
 	// The old engagement ends; the new one stays (stopping the old
 	// cluster must not take its successor with it).
-	eventually(t, "old engagement ended", func(context.Context) error {
+	testutil.Eventually(t, waitTimeout, "old engagement ended", func(context.Context) error {
 		got := h.rec.History()
 		if strings.Count(got, "+sp-beta") != 2 || strings.Count(got, "-sp-beta") != 1 {
 			return fmt.Errorf("engagements %q, want two and one end", got)
@@ -406,7 +385,7 @@ func TestDeletingTheProfileDisengages(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.disengaged(t, "sp-gamma")
-	eventually(t, "gauge dropped", func(context.Context) error {
+	testutil.Eventually(t, waitTimeout, "gauge dropped", func(context.Context) error {
 		if _, ok := gauge(t, "sp-gamma"); ok {
 			return errors.New("the gauge still has the cluster")
 		}

@@ -15,7 +15,8 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fleetinfer/fleetinfer/e2e/testenv"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/internal/testutil/testenv"
 )
 
 // The authority keeps its CA in a Secret of a real API server.
@@ -23,15 +24,6 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) {
 	os.Exit(testenv.Run(m, testenv.Options{Scheme: clientgoscheme.Scheme}, &env))
-}
-
-func testNamespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "authority-"}}
-	if err := env.Client.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
 }
 
 func leaf(t *testing.T, certPEM []byte) *x509.Certificate {
@@ -49,7 +41,7 @@ func leaf(t *testing.T, certPEM []byte) *x509.Certificate {
 
 func TestAuthorityCreatesItsCAOnceAndIssuesCertificatesItRecognises(t *testing.T) {
 	ctx := context.Background()
-	key := client.ObjectKey{Namespace: testNamespace(t), Name: "federation-ca"}
+	key := client.ObjectKey{Namespace: testutil.NewNamespace(t, env.Client), Name: "federation-ca"}
 	a := &Authority{Client: env.Client, Secret: key}
 	const id = "spiffe://fleetinfer.io/cluster/east/ns/team/llminferenceservice/llama"
 	got, err := a.Issue(ctx, id)
@@ -132,7 +124,7 @@ func verifies(t *testing.T, certPEM, bundle []byte) bool {
 // dropped. A hub restarted in between carries on where it was.
 func TestAuthorityRotatesTheCAWithAnOverlap(t *testing.T) {
 	ctx := context.Background()
-	key := client.ObjectKey{Namespace: testNamespace(t), Name: "federation-ca"}
+	key := client.ObjectKey{Namespace: testutil.NewNamespace(t, env.Client), Name: "federation-ca"}
 	clock := time.Now()
 	const overlap = 10 * time.Minute
 	newAuthority := func() *Authority {
@@ -149,20 +141,14 @@ func TestAuthorityRotatesTheCAWithAnOverlap(t *testing.T) {
 	rotatedAt := clock
 	newCA := replaceCA(t, key)
 	var v Verdict
-	eventually := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: last verdict %+v", what, v)
-			}
-		}
-	}
 	// Phase 1: the bundle holds both CAs; the old leaf is kept; a leaf
 	// issued now is signed by the new CA and verifies against the bundle the
 	// old leaf's holder gets, and the old leaf against the new holder's.
-	eventually("the bundle grows to both CAs", func() bool {
-		v, err = a.Check(ctx, east, oldEast.cert)
-		return err == nil && string(v.Bundle) == string(newCA)+string(oldCA)
+	testutil.Eventually(t, 10*time.Second, "the bundle grows to both CAs", func(ctx context.Context) error {
+		if v, err = a.Check(ctx, east, oldEast.cert); err != nil || string(v.Bundle) != string(newCA)+string(oldCA) {
+			return fmt.Errorf("verdict %+v, %v", v, err)
+		}
+		return nil
 	})
 	if !v.KeepLeaf || !v.Recheck.Equal(rotatedAt.Add(overlap)) {
 		t.Fatalf("phase 1: %+v; want the old leaf kept until %v", v, rotatedAt.Add(overlap))
@@ -197,7 +183,7 @@ func TestAuthorityRotatesTheCAWithAnOverlap(t *testing.T) {
 
 func TestAuthorityRefusesACASecretThatHoldsNoCA(t *testing.T) {
 	ctx := context.Background()
-	ns := testNamespace(t)
+	ns := testutil.NewNamespace(t, env.Client)
 	// A leaf certificate is not a CA.
 	issuer := &Authority{Client: env.Client, Secret: client.ObjectKey{Namespace: ns, Name: "issuer"}}
 	l, err := issuer.Issue(ctx, "spiffe://fleetinfer.io/x")

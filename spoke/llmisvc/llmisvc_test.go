@@ -18,6 +18,7 @@ import (
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
 )
 
 const singleNode = `
@@ -48,7 +49,7 @@ func container(pod corev1.PodSpec, name string) *corev1.Container {
 // workload Service; it turns Ready when the Deployment is available, with an
 // Event on the edge.
 func TestSingleNodeServiceTurnsReadyWhenItsDeploymentIsAvailable(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	service(t, ns, singleNode)
 	dep := &appsv1.Deployment{}
 	get(t, key(ns, "opt-kserve"), dep)
@@ -97,7 +98,7 @@ func TestSingleNodeServiceTurnsReadyWhenItsDeploymentIsAvailable(t *testing.T) {
 	if w := svc.Status.Workloads; w == nil || w.Primary == nil || w.Primary.Kind != "Deployment" || ptr.Deref(w.Primary.ReadyReplicas, 0) != 2 {
 		t.Errorf("workloads %+v", w)
 	}
-	eventually(t, "Ready event", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "Ready event", func(ctx context.Context) error {
 		reasons, err := events(ctx, ns, "opt")
 		if err != nil || !slices.Contains(reasons, "LLMInferenceServiceReady") || !slices.Contains(reasons, "Created") {
 			return fmt.Errorf("events %v (%v)", reasons, err)
@@ -109,7 +110,7 @@ func TestSingleNodeServiceTurnsReadyWhenItsDeploymentIsAvailable(t *testing.T) {
 // A worker makes the workload a LeaderWorkerSet whose group size comes from
 // the parallelism; removing the worker replaces it with a Deployment.
 func TestWorkerMakesALeaderWorkerSetAndRemovingItConverges(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	svc := service(t, ns, `
 metadata: {name: dp}
 spec:
@@ -142,7 +143,7 @@ spec:
 	}
 	condition(t, key(ns, "dp"), v1alpha2.WorkerWorkloadReady, corev1.ConditionFalse, "")
 
-	eventually(t, "LWS available", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "LWS available", func(ctx context.Context) error {
 		if err := c.Get(ctx, key(ns, "dp-kserve-mn"), lws); err != nil {
 			return err
 		}
@@ -166,7 +167,7 @@ spec:
 	}
 	condition(t, key(ns, "dp"), v1alpha2.Ready, corev1.ConditionTrue, "")
 
-	eventually(t, "remove worker", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "remove worker", func(ctx context.Context) error {
 		if err := c.Get(ctx, key(ns, "dp"), svc); err != nil {
 			return err
 		}
@@ -198,7 +199,7 @@ func workerStatefulSet(ns, lws string, i int) *appsv1.StatefulSet {
 // Prefill adds a separate prefill Deployment (role prefill) and turns the
 // main one into the decode side; both come from their presets.
 func TestPrefillAddsAPrefillWorkload(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	service(t, ns, `
 metadata: {name: pd}
 spec:
@@ -240,7 +241,7 @@ spec:
 // default Gateway and sends to the pool. RouterReady follows the Gateway,
 // the route's and the pool's acceptance and the EPP's availability.
 func TestRouterWiresPoolPickerAndRouteAndFollowsTheGateway(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	service(t, ns, `
 metadata: {name: routed}
 spec:
@@ -323,7 +324,7 @@ func programmedGateway(t *testing.T, name string) *gwapiv1.Gateway {
 	if err := c.Create(ctx, gw); client.IgnoreAlreadyExists(err) != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "gateway programmed", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "gateway programmed", func(ctx context.Context) error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(gw), gw); err != nil {
 			return err
 		}
@@ -338,7 +339,7 @@ func programmedGateway(t *testing.T, name string) *gwapiv1.Gateway {
 
 func acceptRoute(t *testing.T, k client.ObjectKey, gw *gwapiv1.Gateway) {
 	t.Helper()
-	eventually(t, "route accepted", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "route accepted", func(ctx context.Context) error {
 		r := &gwapiv1.HTTPRoute{}
 		if err := c.Get(ctx, k, r); err != nil {
 			return err
@@ -356,7 +357,7 @@ func acceptRoute(t *testing.T, k client.ObjectKey, gw *gwapiv1.Gateway) {
 
 func acceptPool(t *testing.T, k client.ObjectKey, gw *gwapiv1.Gateway) {
 	t.Helper()
-	eventually(t, "pool accepted", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "pool accepted", func(ctx context.Context) error {
 		p := &igwapiv1.InferencePool{}
 		if err := c.Get(ctx, k, p); err != nil {
 			return err
@@ -372,7 +373,7 @@ func acceptPool(t *testing.T, k client.ObjectKey, gw *gwapiv1.Gateway) {
 // A scheduler without a route has no Gateway to wait for: its pool is ready
 // once it exists (the never-Ready case of KServe issue #5986).
 func TestPoolWithoutRouteDoesNotWaitForAGateway(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	service(t, ns, `
 metadata: {name: noroute}
 spec:
@@ -392,7 +393,7 @@ spec:
 // Route refs replace the managed route: the managed HTTPRoute is deleted and
 // readiness follows the user's route, reported by name while it is missing.
 func TestRouteRefsReplaceTheManagedRoute(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	svc := service(t, ns, `
 metadata: {name: byo}
 spec:
@@ -401,7 +402,7 @@ spec:
   template: {containers: [{name: main, image: vllm/vllm-openai:v0.11.0}]}
 `)
 	get(t, key(ns, "byo-kserve-route"), &gwapiv1.HTTPRoute{})
-	eventually(t, "switch to refs", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "switch to refs", func(ctx context.Context) error {
 		if err := c.Get(ctx, key(ns, "byo"), svc); err != nil {
 			return err
 		}
@@ -425,7 +426,7 @@ spec:
 // A missing baseRef is reported as PresetsCombined=False/ConfigNotFound and
 // the service recovers once the config exists.
 func TestMissingBaseRefIsReportedAndRecovers(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	service(t, ns, `
 metadata: {name: based}
 spec:
@@ -454,7 +455,7 @@ spec:
 // the service's own spec; containers and env merge by name.
 // status.appliedConfigs records the chain in that order.
 func TestConfigPrecedencePresetsThenBaseRefsThenSpec(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	ctx := context.Background()
 	env := func(kv ...string) []corev1.EnvVar {
 		var out []corev1.EnvVar
@@ -510,7 +511,7 @@ spec:
 // The stop annotation removes workloads and router objects and reports
 // Stopped; removing it brings them back.
 func TestStopAnnotationRoundTrip(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	svc := service(t, ns, `
 metadata: {name: stoppable}
 spec:
@@ -521,7 +522,7 @@ spec:
 	get(t, key(ns, "stoppable-kserve"), &appsv1.Deployment{})
 	get(t, key(ns, "stoppable-inference-pool"), &igwapiv1.InferencePool{})
 	setAnnotation := func(v *string) {
-		eventually(t, "annotate", func(ctx context.Context) error {
+		testutil.Eventually(t, waitTimeout, "annotate", func(ctx context.Context) error {
 			if err := c.Get(ctx, key(ns, "stoppable"), svc); err != nil {
 				return err
 			}
@@ -554,7 +555,7 @@ spec:
 // Left unset, replicas belong to whoever scales the Deployment (an HPA);
 // setting them in the spec takes over again.
 func TestUnsetReplicasKeepWhatAnAutoscalerSet(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	svc := service(t, ns, `
 metadata: {name: scaled}
 spec:
@@ -563,7 +564,7 @@ spec:
 `)
 	dep := &appsv1.Deployment{}
 	get(t, key(ns, "scaled-kserve"), dep)
-	eventually(t, "autoscaler sets 5", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "autoscaler sets 5", func(ctx context.Context) error {
 		if err := c.Get(ctx, key(ns, "scaled-kserve"), dep); err != nil {
 			return err
 		}
@@ -572,7 +573,7 @@ spec:
 	})
 	// Any change to the service makes the controller reconcile the
 	// Deployment again.
-	eventually(t, "label service", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "label service", func(ctx context.Context) error {
 		if err := c.Get(ctx, key(ns, "scaled"), svc); err != nil {
 			return err
 		}
@@ -580,7 +581,7 @@ spec:
 		svc.Spec.Labels = map[string]string{"team": "a"}
 		return c.Update(ctx, svc)
 	})
-	eventually(t, "pod label applied, replicas kept", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "pod label applied, replicas kept", func(ctx context.Context) error {
 		if err := c.Get(ctx, key(ns, "scaled-kserve"), dep); err != nil {
 			return err
 		}
@@ -592,14 +593,14 @@ spec:
 		}
 		return nil
 	})
-	eventually(t, "spec replicas 2", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "spec replicas 2", func(ctx context.Context) error {
 		if err := c.Get(ctx, key(ns, "scaled"), svc); err != nil {
 			return err
 		}
 		svc.Spec.Replicas = ptr.To(int32(2))
 		return c.Update(ctx, svc)
 	})
-	eventually(t, "replicas 2", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "replicas 2", func(ctx context.Context) error {
 		if err := c.Get(ctx, key(ns, "scaled-kserve"), dep); err != nil {
 			return err
 		}
@@ -614,7 +615,7 @@ spec:
 // cannot see inline (KServe accepts an object or a YAML string), so the
 // controller rejects the mix and resolves a ref into --config-text.
 func TestSchedulerConfigInlineOrRef(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	service(t, ns, `
 metadata: {name: both}
 spec:
@@ -663,7 +664,7 @@ spec:
 // Fields fleetinfer keeps but does not act on are named in an informational
 // condition that does not block Ready.
 func TestUnimplementedFieldsAreReportedNotDropped(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	svc := service(t, ns, `
 metadata: {name: traced}
 spec:
@@ -683,7 +684,7 @@ spec:
 // their owner, the cluster-scoped auth binding of an EPP whose metrics
 // endpoint authenticates callers goes through the finalizer.
 func TestDeletingAServiceLeavesNothingBehind(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	svc := service(t, ns, `
 metadata: {name: doomed}
 spec:
@@ -720,7 +721,7 @@ spec:
 // An object of the same name that the service does not control is never
 // taken over; the conflict is reported on the service.
 func TestForeignObjectIsNotTakenOver(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testutil.NewNamespace(t, c)
 	ctx := context.Background()
 	foreign := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "clash-kserve-workload-svc", Namespace: ns, Labels: map[string]string{"owner": "someone-else"}},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 1234}}}}

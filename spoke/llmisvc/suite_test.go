@@ -20,7 +20,8 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
-	"github.com/fleetinfer/fleetinfer/e2e/testenv"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/internal/testutil/testenv"
 	"github.com/fleetinfer/fleetinfer/spoke"
 	"github.com/fleetinfer/fleetinfer/spoke/llmisvc"
 )
@@ -35,6 +36,9 @@ var (
 )
 
 const systemNS = "fleetinfer-system"
+
+// waitTimeout bounds each wait for the controller.
+const waitTimeout = 30 * time.Second
 
 var options = spoke.Options{
 	InstallPresets: true,
@@ -85,19 +89,6 @@ func startController(ctx context.Context, e *testenv.Env) error {
 
 // --- helpers ---
 
-func newNamespace(t *testing.T) string {
-	t.Helper()
-	name := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
-	if len(name) > 40 {
-		name = name[:40]
-	}
-	name = strings.Trim(name, "-") + fmt.Sprintf("-%d", time.Now().UnixNano()%100000)
-	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
-		t.Fatal(err)
-	}
-	return name
-}
-
 // service creates an LLMInferenceService from YAML in namespace ns.
 func service(t *testing.T, ns, doc string) *v1alpha2.LLMInferenceService {
 	t.Helper()
@@ -112,29 +103,12 @@ func service(t *testing.T, ns, doc string) *v1alpha2.LLMInferenceService {
 	return svc
 }
 
-func eventually(t *testing.T, what string, check func(ctx context.Context) error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var last error
-	for {
-		if last = check(ctx); last == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: %v", what, last)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 // condition waits until the service has condition typ with status and,
 // if reason is not empty, that reason; it returns the service.
 func condition(t *testing.T, key client.ObjectKey, typ v1alpha2.ConditionType, status corev1.ConditionStatus, reason string) *v1alpha2.LLMInferenceService {
 	t.Helper()
 	svc := &v1alpha2.LLMInferenceService{}
-	eventually(t, fmt.Sprintf("%s=%s/%s", typ, status, reason), func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, fmt.Sprintf("%s=%s/%s", typ, status, reason), func(ctx context.Context) error {
 		if err := c.Get(ctx, key, svc); err != nil {
 			return err
 		}
@@ -161,13 +135,13 @@ func conditions(svc *v1alpha2.LLMInferenceService) string {
 // get waits for obj to exist and fetches it.
 func get(t *testing.T, key client.ObjectKey, obj client.Object) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%T %s exists", obj, key), func(ctx context.Context) error { return c.Get(ctx, key, obj) })
+	testutil.Eventually(t, waitTimeout, fmt.Sprintf("%T %s exists", obj, key), func(ctx context.Context) error { return c.Get(ctx, key, obj) })
 }
 
 // gone waits until obj no longer exists.
 func gone(t *testing.T, key client.ObjectKey, obj client.Object) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%T %s deleted", obj, key), func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, fmt.Sprintf("%T %s deleted", obj, key), func(ctx context.Context) error {
 		err := c.Get(ctx, key, obj)
 		if err == nil {
 			return fmt.Errorf("still exists")
@@ -182,7 +156,7 @@ func markAvailable(t *testing.T, key client.ObjectKey) {
 	t.Helper()
 	d := &appsv1.Deployment{}
 	get(t, key, d)
-	eventually(t, "deployment status", func(ctx context.Context) error {
+	testutil.Eventually(t, waitTimeout, "deployment status", func(ctx context.Context) error {
 		if err := c.Get(ctx, key, d); err != nil {
 			return err
 		}

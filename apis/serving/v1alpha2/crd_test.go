@@ -19,7 +19,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fleetinfer/fleetinfer/apis"
-	"github.com/fleetinfer/fleetinfer/e2e/testenv"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/internal/testutil/testenv"
 )
 
 var env *testenv.Env
@@ -41,14 +42,6 @@ func resource(kind, version string) schema.GroupVersionResource {
 	return schema.GroupVersionResource{Group: "serving.kserve.io", Version: version, Resource: r}
 }
 
-func newNamespace(t *testing.T, dyn dynamic.Interface, name string) {
-	t.Helper()
-	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": name}}}
-	if _, err := dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}).Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // Every LLMInferenceService and LLMInferenceServiceConfig sample shipped
 // with KServe v0.20.0 is accepted by the CRDs on a real API server and reads
 // back unchanged through both served versions: nothing is pruned except
@@ -59,7 +52,7 @@ func TestKServeSamplesRoundTripInBothVersions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newNamespace(t, dyn, "samples")
+	ns := testutil.NewNamespace(t, env.Client)
 	schemas := ourSchemas(t)
 	kserve := kservePaths(t)
 	files, err := filepath.Glob("testdata/kserve-v0.20.0/samples/*.yaml")
@@ -79,17 +72,17 @@ func TestKServeSamplesRoundTripInBothVersions(t *testing.T) {
 			applied := obj.DeepCopy()
 			// Samples from different directories reuse names.
 			obj.SetName(fmt.Sprintf("s%02d-%s", i, obj.GetName()))
-			obj.SetNamespace("samples")
+			obj.SetNamespace(ns)
 			gv, err := schema.ParseGroupVersion(obj.GetAPIVersion())
 			if err != nil {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			if _, err := dyn.Resource(resource(obj.GetKind(), gv.Version)).Namespace("samples").Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+			if _, err := dyn.Resource(resource(obj.GetKind(), gv.Version)).Namespace(ns).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 				t.Fatalf("rejected: %v", err)
 			}
 			for _, version := range []string{"v1alpha1", "v1alpha2"} {
-				got, err := dyn.Resource(resource(obj.GetKind(), version)).Namespace("samples").Get(ctx, obj.GetName(), metav1.GetOptions{})
+				got, err := dyn.Resource(resource(obj.GetKind(), version)).Namespace(ns).Get(ctx, obj.GetName(), metav1.GetOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -233,7 +226,7 @@ func TestValidationRejectsBadInputWithClearMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newNamespace(t, dyn, "validation")
+	ns := testutil.NewNamespace(t, env.Client)
 	cases := []struct {
 		name, kind, spec, want string
 	}{
@@ -290,7 +283,7 @@ func TestValidationRejectsBadInputWithClearMessages(t *testing.T) {
 			obj.SetKind(tc.kind)
 			obj.SetGenerateName("bad-")
 			obj.SetName("")
-			_, err := dyn.Resource(resource(tc.kind, "v1alpha2")).Namespace("validation").Create(context.Background(), obj, metav1.CreateOptions{})
+			_, err := dyn.Resource(resource(tc.kind, "v1alpha2")).Namespace(ns).Create(context.Background(), obj, metav1.CreateOptions{})
 			if !apierrors.IsInvalid(err) {
 				t.Fatalf("want Invalid, got %v", err)
 			}
@@ -308,7 +301,7 @@ func TestParallelismSizeIsImmutable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newNamespace(t, dyn, "immutable")
+	ns := testutil.NewNamespace(t, env.Client)
 	obj := &unstructured.Unstructured{}
 	if err := yaml.Unmarshal([]byte(validBase), &obj.Object); err != nil {
 		t.Fatal(err)
@@ -317,7 +310,7 @@ func TestParallelismSizeIsImmutable(t *testing.T) {
 	spec["parallelism"] = map[string]any{"data": int64(8), "dataLocal": int64(4), "tensor": int64(1)}
 	spec["worker"] = map[string]any{"containers": []any{map[string]any{"name": "main"}}}
 	ctx := context.Background()
-	r := dyn.Resource(resource("LLMInferenceService", "v1alpha2")).Namespace("immutable")
+	r := dyn.Resource(resource("LLMInferenceService", "v1alpha2")).Namespace(ns)
 	created, err := r.Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,111 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
+)
+
+func start(t *testing.T, reg *process.Registry) *controlplane.ControlPlane {
+	t.Helper()
+	bins, err := binaries.Locate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := controlplane.New(controlplane.Options{
+		Name: "test", Dir: t.TempDir(), Registry: reg, ControllerManager: true,
+		Binaries: controlplane.Binaries{Etcd: bins.Etcd, KubeAPIServer: bins.KubeAPIServer,
+			KubeControllerManager: bins.KubeControllerManager},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	if err := cp.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return cp
+}
+
+// The controller manager runs against the API server: a new namespace gets
+// its default ServiceAccount from the serviceaccount controller.
+func TestControllerManagerCreatesDefaultServiceAccount(t *testing.T) {
+	reg := &process.Registry{}
+	cp := start(t, reg)
+	cs, err := kubernetes.NewForConfig(cp.Admin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := cs.CoreV1().ServiceAccounts("team-a").Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("default service account never appeared: %v", err)
+	}
+}
+
+// A user certificate carries its groups: a user outside system:masters is
+// denied by RBAC, so the fleet can hand out least-privilege identities.
+func TestUserConfigIsSubjectToRBAC(t *testing.T) {
+	cp := start(t, &process.Registry{})
+	cfg, err := cp.UserConfig("someone", "some-group")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cs.CoreV1().Namespaces().List(context.Background(), metav1.ListOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("want Forbidden for an unprivileged user, got %v", err)
+	}
+}
+
+// A stopped control plane comes back with its data, and stopping leaves no
+// process behind.
+func TestRestartKeepsDataAndStopLeavesNothingRunning(t *testing.T) {
+	reg := &process.Registry{}
+	cp := start(t, reg)
+	ctx := context.Background()
+	cs, err := kubernetes.NewForConfig(cp.Admin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: "default"}, Data: map[string]string{"k": "v"}}
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cp.Stop()
+	if alive := reg.Alive(); len(alive) > 0 {
+		t.Fatalf("still running after Stop: %v", alive)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("default").Get(ctx, "kept", metav1.GetOptions{}); err == nil {
+		t.Fatal("API server still answers after Stop")
+	}
+	if err := cp.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cs.CoreV1().ConfigMaps("default").Get(ctx, "kept", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("configmap lost across restart: %v", err)
+	}
+	if got.Data["k"] != "v" {
+		t.Fatalf("configmap data = %v", got.Data)
+	}
+}

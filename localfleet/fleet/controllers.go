@@ -1,0 +1,89 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
+)
+
+// startHubController runs bin/hub against the hub as the hub's own user
+// (the identity it also has on every spoke), so the audit logs tell its
+// writes apart.
+func (f *Fleet) startHubController(ctx context.Context) error {
+	hub := f.Hub
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: HubUser},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "cluster-admin"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: HubUser}},
+	}
+	if err := client.IgnoreAlreadyExists(hub.Client.Create(ctx, crb)); err != nil {
+		return err
+	}
+	cfg, err := hub.UserConfig(HubUser)
+	if err != nil {
+		return err
+	}
+	kubeconfig := filepath.Join(hub.Dir(), "fleetinfer-hub.kubeconfig")
+	if err := controlplane.WriteKubeconfig(kubeconfig, hub.Name(), cfg); err != nil {
+		return err
+	}
+	provider := f.opts.ClusterProvider
+	if provider == "" {
+		provider = "kubeconfig"
+	}
+	return f.startController(ctx, hub, f.opts.Binaries.Hub, "hub-controller", append([]string{
+		"--kubeconfig=" + kubeconfig,
+		"--cluster-namespace=" + Namespace,
+		"--cluster-provider=" + provider,
+		"--probe-interval=1s",
+		"--orphan-collection-interval=10s",
+	}, f.opts.HubArgs...))
+}
+
+// startSpokeController runs bin/spoke against the spoke as a separate
+// process, as it runs in a real cluster, and waits until it reports ready.
+// It uses the admin identity; the Helm chart's RBAC is proven separately.
+func (f *Fleet) startSpokeController(ctx context.Context, s *Cluster) error {
+	return f.startController(ctx, s, f.opts.Binaries.Spoke, "spoke-controller", []string{
+		"--kubeconfig=" + s.AdminKubeconfig(),
+		"--system-namespace=" + Namespace,
+		"--default-gateway=" + Namespace + "/" + GatewayName,
+	})
+}
+
+// startController runs a controller binary on loopback metrics and probe
+// ports and waits until it reports ready.
+func (f *Fleet) startController(ctx context.Context, c *Cluster, bin, name string, args []string) error {
+	if _, err := os.Stat(bin); err != nil {
+		return fmt.Errorf("%s is missing: run `make build` first", bin)
+	}
+	ports, err := controlplane.FreePorts(2)
+	if err != nil {
+		return err
+	}
+	probe := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	metrics := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	p, err := process.Start(process.Spec{
+		Name:    c.Name() + "/" + name,
+		Path:    bin,
+		Args:    append(args, "--metrics-bind-address="+metrics, "--health-probe-bind-address="+probe),
+		LogPath: filepath.Join(c.Dir(), "logs", name+".log"),
+	}, f.Registry)
+	if err != nil {
+		return err
+	}
+	c.ControllerMetrics = "http://" + metrics + "/metrics"
+	return controlplane.WaitHTTP(ctx, p, http.DefaultClient, "http://"+probe+"/readyz", time.Minute)
+}

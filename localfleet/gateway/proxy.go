@@ -1,0 +1,661 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
+)
+
+type listenerKind string
+
+const (
+	publicListener listenerKind = "public"
+	peerListener   listenerKind = "peer"
+)
+
+// SubsetHeader is the request header that carries a parent-mode subset from
+// one cluster's gateway to another's peer listener.
+const SubsetHeader = extproc.SubsetKey
+
+// maxAttempts bounds the endpoints tried for one request when connections
+// fail, like the connect-failure retries Istio configures by default.
+const maxAttempts = 3
+
+func (g *Gateway) handler(kind listenerKind, port int32) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.serve(w, r, kind, port) })
+}
+
+// record is what the access log and the metrics say about a request.
+type record struct {
+	listener listenerKind
+	route    string
+	backend  string
+	upstream string // the endpoint that served
+	pick     time.Duration
+	failOpen bool
+	note     string // why the gateway answered by itself
+}
+
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, kind listenerKind, port int32) {
+	start := time.Now()
+	rw := &responseWriter{ResponseWriter: w}
+	rec := &record{listener: kind}
+	defer g.observe(r, rw, rec, start)
+
+	cfg := g.cfg.Load()
+	table := cfg.peer
+	if kind == publicListener {
+		table = cfg.listeners[port]
+	}
+	// The subset header steers the picker, so only a peer gateway may send
+	// it; it travels to the picker as metadata, never upstream.
+	var subset []string
+	if vs, ok := r.Header[http.CanonicalHeaderKey(SubsetHeader)]; ok && kind == peerListener {
+		subset = extproc.SplitEndpoints(strings.Join(vs, ","))
+		if subset == nil {
+			subset = []string{}
+		}
+	}
+	r.Header.Del(SubsetHeader)
+	prepareRequestHeaders(r)
+
+	var e *routeEntry
+	if table != nil {
+		e = table.route(r)
+	}
+	if e == nil {
+		g.reply(rw, rec, http.StatusNotFound, "no route matches the request")
+		return
+	}
+	rec.route = e.route.String()
+	ctx := r.Context()
+	if e.action.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.action.timeout)
+		defer cancel()
+	}
+	b := e.action.pick()
+	if b == nil {
+		g.reply(rw, rec, http.StatusInternalServerError, "the matching rule has no backend with a weight above zero")
+		return
+	}
+	rec.backend = b.label
+	if b.invalid != "" {
+		g.reply(rw, rec, http.StatusInternalServerError, b.invalid)
+		return
+	}
+	body, ok := g.readBody(rw, r, rec)
+	if !ok {
+		return
+	}
+	if b.pool != nil {
+		g.servePool(ctx, rw, r, e, b, body, subset, rec)
+		return
+	}
+	g.serveService(ctx, rw, r, e, b, body, rec)
+}
+
+// prepareRequestHeaders does what Envoy's connection manager does before
+// any filter sees a request: drop hop-by-hop headers, add an x-request-id
+// if there is none, and record the client in x-forwarded-for.
+func prepareRequestHeaders(r *http.Request) {
+	removeHopByHop(r.Header)
+	if r.Header.Get(extproc.RequestIDHeader) == "" {
+		r.Header.Set(extproc.RequestIDHeader, extproc.NewRequestID())
+	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if prior := r.Header.Get("X-Forwarded-For"); prior != "" {
+			host = prior + ", " + host
+		}
+		r.Header.Set("X-Forwarded-For", host)
+	}
+	r.Header.Set("X-Forwarded-Proto", "http")
+}
+
+// hopByHop are the headers that describe one connection, not the request.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func removeHopByHop(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range hopByHop {
+		h.Del(name)
+	}
+}
+
+// readBody reads the whole request body, which the gateway keeps to replay
+// on another endpoint after a connection failure, to fail open and to
+// forward in parent mode (Envoy buffers for retries too). Reading it before
+// the picker sees it loses only the overlap of the upload with the transfer
+// to the picker, which GIE's picker waits for in full anyway; the picker
+// still gets it in chunks.
+func (g *Gateway) readBody(w *responseWriter, r *http.Request, rec *record) ([]byte, bool) {
+	if r.ContentLength == 0 {
+		return nil, true
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxRequestBody))
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		g.reply(w, rec, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", g.opts.MaxRequestBody))
+		return nil, false
+	case err != nil:
+		g.reply(w, rec, http.StatusBadRequest, "reading the request body: "+err.Error())
+		return nil, false
+	}
+	return b, true
+}
+
+// servePool serves a request whose backend is an InferencePool.
+func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Request, e *routeEntry, b *backend, body []byte, subset []string, rec *record) {
+	pool := b.pool
+	ex, release, err := g.pick(ctx, r, pool, body, subset, rec)
+	if release != nil {
+		defer release()
+	}
+	if ex != nil {
+		defer ex.Close()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			g.contextDone(ctx, w, rec)
+			return
+		}
+		g.log.Error(err, "endpoint picker failed", "pool", pool.key.String(), "failOpen", pool.failOpen)
+		if !pool.failOpen {
+			g.reply(w, rec, http.StatusServiceUnavailable, "endpoint picker unavailable: "+err.Error())
+			return
+		}
+		g.serveFailOpen(ctx, w, r, e, b, body, subset, rec)
+		return
+	}
+	p := ex.Pick()
+	if p.Immediate != nil {
+		rec.note = "endpoint picker answered " + strconv.Itoa(p.Immediate.Status)
+		p.Immediate.Write(w)
+		return
+	}
+
+	// A request from a peer gateway crossed a cluster boundary already and
+	// may not cross another: only local endpoints are eligible for it.
+	var targets []string
+	kinds := map[string]destination{}
+	for _, ep := range p.Endpoints {
+		k := classify(ep, pool, p.Subset != nil, g.peers)
+		if rec.listener == peerListener && k != localEndpoint {
+			continue
+		}
+		kinds[ep] = k
+		targets = append(targets, ep)
+	}
+	if len(targets) == 0 {
+		g.reply(w, rec, http.StatusBadGateway, fmt.Sprintf("a request from a peer gateway must be served in this cluster, but the picker chose %s", p.Destination))
+		return
+	}
+	path, host := rewrite(b, p.Path, r.Host)
+	build := func(i int) *outbound {
+		if kinds[targets[i]] == remoteGateway {
+			// Parent mode: the remote gateway routes the client's request
+			// itself, and its picker chooses among the named pods.
+			h := r.Header.Clone()
+			if p.Subset != nil {
+				h.Set(SubsetHeader, strings.Join(p.Subset, ","))
+			}
+			return &outbound{method: r.Method, uri: r.URL.RequestURI(), host: r.Host, header: h, body: body}
+		}
+		h := p.Header.Clone()
+		h.Del(SubsetHeader)
+		modifyHeaders(h, b.filters.requestHeaders)
+		return &outbound{method: p.Method, uri: path, host: host, header: h, body: p.Body, h2c: pool.h2c}
+	}
+	resp := g.forward(ctx, w, rec, targets, build, e.action.backendTimeout, b.label)
+	if resp == nil {
+		return
+	}
+	defer resp.Body.Close()
+	g.metrics.destinations.WithLabelValues(pool.key.String(), string(kinds[rec.upstream])).Inc()
+	g.respond(w, r, resp, ex, b, rec)
+}
+
+// pick runs the request phase with the pool's endpoint picker. The caller
+// closes the exchange, then releases the client.
+func (g *Gateway) pick(ctx context.Context, r *http.Request, pool *poolTarget, body []byte, subset []string, rec *record) (*extproc.Exchange, func(), error) {
+	if pool.eppProblem != "" {
+		return nil, nil, errors.New(pool.eppProblem)
+	}
+	if len(pool.epp) == 0 {
+		return nil, nil, fmt.Errorf("the endpoint picker of pool %s has no ready pod", pool.key)
+	}
+	addr := pool.epp[g.next("epp/"+pool.key.String())%uint64(len(pool.epp))]
+	c, release, err := g.epps.get(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	h := r.Header.Clone()
+	req := &extproc.Request{Method: r.Method, Path: r.URL.RequestURI(), Authority: r.Host, Header: h, Subset: subset}
+	if r.ContentLength != 0 {
+		req.Body = bytes.NewReader(body)
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	start := time.Now()
+	ex, err := c.Start(ctx, req)
+	outcome := "picked"
+	switch {
+	case err != nil:
+		outcome = "error"
+		rec.pick = time.Since(start)
+	case ex.Pick().Immediate != nil:
+		outcome = "immediate_response"
+		rec.pick = ex.Pick().Latency
+	default:
+		rec.pick = ex.Pick().Latency
+	}
+	g.metrics.pick.WithLabelValues(pool.key.String(), outcome).Observe(rec.pick.Seconds())
+	return ex, release, err
+}
+
+// destination is where a picked endpoint leads.
+type destination string
+
+const (
+	localEndpoint  destination = "local"
+	remoteEndpoint destination = "remote_endpoint"
+	remoteGateway  destination = "remote_gateway"
+)
+
+// classify tells a local pod from another cluster's gateway (parent mode)
+// and from another cluster's pod reached directly (endpoint mode). An
+// endpoint of a Ready pod of the pool is local; a known peer gateway, or any
+// other address for which the picker named the pods to use, is a gateway;
+// anything else is a remote pod.
+func classify(ep string, pool *poolTarget, namedSubset bool, peers map[string]bool) destination {
+	switch {
+	case pool.local[ep]:
+		return localEndpoint
+	case peers[ep] || namedSubset:
+		return remoteGateway
+	}
+	return remoteEndpoint
+}
+
+// serveFailOpen sends the request, untouched by any picker, to random Ready
+// pods of the pool, honouring a peer's subset hint by IP as GIE's picker
+// does.
+func (g *Gateway) serveFailOpen(ctx context.Context, w *responseWriter, r *http.Request, e *routeEntry, b *backend, body []byte, subset []string, rec *record) {
+	pool := b.pool
+	candidates := pool.endpoints
+	if subset != nil {
+		ips := map[string]bool{}
+		for _, s := range subset {
+			if host, _, err := net.SplitHostPort(s); err == nil {
+				ips[host] = true
+			} else {
+				ips[s] = true
+			}
+		}
+		candidates = nil
+		for _, ep := range pool.endpoints {
+			if host, _, _ := net.SplitHostPort(ep); ips[host] {
+				candidates = append(candidates, ep)
+			}
+		}
+	}
+	if len(candidates) == 0 {
+		g.reply(w, rec, http.StatusServiceUnavailable, "endpoint picker unavailable and no ready endpoint to fail open to in pool "+pool.key.String())
+		return
+	}
+	rec.failOpen = true
+	g.metrics.failOpen.WithLabelValues(pool.key.String()).Inc()
+	targets := append([]string(nil), candidates...)
+	rand.Shuffle(len(targets), func(i, j int) { targets[i], targets[j] = targets[j], targets[i] })
+	g.serveDirect(ctx, w, r, e, b, body, targets[:min(len(targets), maxAttempts)], pool.h2c, rec)
+}
+
+// serveService sends the request to the Service's Ready pods, round robin,
+// moving on to the next pod when a connection fails.
+func (g *Gateway) serveService(ctx context.Context, w *responseWriter, r *http.Request, e *routeEntry, b *backend, body []byte, rec *record) {
+	eps := b.service.endpoints
+	if len(eps) == 0 {
+		g.reply(w, rec, http.StatusServiceUnavailable, "no healthy upstream")
+		return
+	}
+	first := int(g.next(b.label) % uint64(len(eps)))
+	targets := make([]string, 0, min(len(eps), maxAttempts))
+	for i := range cap(targets) {
+		targets = append(targets, eps[(first+i)%len(eps)])
+	}
+	g.serveDirect(ctx, w, r, e, b, body, targets, b.service.h2c, rec)
+}
+
+// serveDirect sends the client's request, with the route's filters applied
+// but untouched by any picker, to the first target that accepts a
+// connection, and passes the response through.
+func (g *Gateway) serveDirect(ctx context.Context, w *responseWriter, r *http.Request, e *routeEntry, b *backend, body []byte, targets []string, h2c bool, rec *record) {
+	path, host := rewrite(b, r.URL.RequestURI(), r.Host)
+	build := func(int) *outbound {
+		h := r.Header.Clone()
+		modifyHeaders(h, b.filters.requestHeaders)
+		return &outbound{method: r.Method, uri: path, host: host, header: h, body: body, h2c: h2c}
+	}
+	resp := g.forward(ctx, w, rec, targets, build, e.action.backendTimeout, b.label)
+	if resp == nil {
+		return
+	}
+	defer resp.Body.Close()
+	g.passThrough(w, r, resp, b)
+}
+
+// rewrite applies the backend's URLRewrite to a request target (path and
+// query) and host.
+func rewrite(b *backend, uri, host string) (string, string) {
+	path, query, hasQuery := strings.Cut(uri, "?")
+	path, host = b.filters.rewrite(path, host)
+	if hasQuery {
+		path += "?" + query
+	}
+	return path, host
+}
+
+func (g *Gateway) next(key string) uint64 {
+	v, _ := g.rr.LoadOrStore(key, new(atomic.Uint64))
+	return v.(*atomic.Uint64).Add(1) - 1
+}
+
+// outbound is a request as it goes to one upstream.
+type outbound struct {
+	method, uri, host string
+	header            http.Header
+	body              []byte
+	h2c               bool
+}
+
+// errNotAllowed marks a destination outside Options.AllowedTargets.
+var errNotAllowed = errors.New("destination outside the allowed networks")
+
+// forward sends the request to the first target that accepts a connection,
+// trying the next one only when connecting failed, so that a request is
+// never sent twice, and records the target that answered. Each attempt is
+// bounded by timeout (0: none). When no target answers it replies to the
+// client as Envoy does and returns nil.
+func (g *Gateway) forward(ctx context.Context, w *responseWriter, rec *record, targets []string, build func(int) *outbound, timeout time.Duration, label string) *http.Response {
+	resp, served, err := g.roundTrip(ctx, targets, build, timeout, label)
+	if err != nil {
+		if ctx.Err() != nil {
+			g.contextDone(ctx, w, rec)
+		} else {
+			g.reply(w, rec, http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers: "+err.Error())
+		}
+		return nil
+	}
+	rec.upstream = served
+	return resp
+}
+
+// roundTrip is forward's attempts, returning the error instead of replying.
+func (g *Gateway) roundTrip(ctx context.Context, targets []string, build func(int) *outbound, timeout time.Duration, label string) (*http.Response, string, error) {
+	var last error
+	for i, t := range targets {
+		if i > 0 {
+			g.metrics.fallbacks.WithLabelValues(label).Inc()
+		}
+		if !g.allowedTarget(t) {
+			last = fmt.Errorf("%s: %w", t, errNotAllowed)
+			continue
+		}
+		o := build(i)
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if timeout > 0 {
+			actx, cancel = context.WithTimeout(ctx, timeout)
+		}
+		req, err := http.NewRequestWithContext(actx, o.method, "http://"+t+o.uri, bytes.NewReader(o.body))
+		if err != nil {
+			cancel()
+			return nil, "", err
+		}
+		req.Host = o.host
+		req.Header = o.header
+		req.Header.Del("Content-Length")
+		if len(o.body) == 0 {
+			req.Body, req.GetBody, req.ContentLength = http.NoBody, nil, 0
+		}
+		tr := g.transport
+		if o.h2c {
+			tr = g.h2c
+		}
+		start := time.Now()
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			g.metrics.upstreamHeaders.WithLabelValues(label).Observe(time.Since(start).Seconds())
+			resp.Body = &timedBody{ReadCloser: resp.Body, start: start, cancel: cancel,
+				observe: g.metrics.upstreamDuration.WithLabelValues(label).Observe}
+			return resp, t, nil
+		}
+		cancel()
+		last = fmt.Errorf("%s: %w", t, err)
+		if !connectFailed(err) {
+			return nil, t, last
+		}
+	}
+	return nil, "", last
+}
+
+func (g *Gateway) allowedTarget(t string) bool {
+	ap, err := netip.ParseAddrPort(t)
+	if err != nil {
+		return false
+	}
+	for _, p := range g.allowed {
+		if p.Contains(ap.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// connectFailed reports whether err happened before anything was sent.
+func connectFailed(err error) bool {
+	var op *net.OpError
+	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// timedBody records the upstream duration when the body is done and
+// releases the attempt's timeout.
+type timedBody struct {
+	io.ReadCloser
+	start   time.Time
+	cancel  context.CancelFunc
+	observe func(float64)
+	done    atomic.Bool
+}
+
+func (b *timedBody) Close() error {
+	if !b.done.Swap(true) {
+		b.observe(time.Since(b.start).Seconds())
+		b.cancel()
+	}
+	return b.ReadCloser.Close()
+}
+
+// respond passes the upstream response through the picker's response phase
+// to the client. When the picker fails before the client got headers, the
+// failure mode decides between the unprocessed response and a 503; after
+// that the client connection is aborted, since chunks the picker held are
+// lost.
+func (g *Gateway) respond(w *responseWriter, r *http.Request, resp *http.Response, ex *extproc.Exchange, b *backend, rec *record) {
+	h := resp.Header.Clone()
+	removeHopByHop(h)
+	modifyHeaders(h, b.filters.responseHeaders)
+	var body io.Reader = resp.Body
+	if !hasBody(r.Method, resp) {
+		body = nil
+	}
+	sink := extproc.Sink{
+		Headers: func(status int, h http.Header) error {
+			// The picker may change the body, so its length is unknown.
+			h.Del("Content-Length")
+			for k, vs := range h {
+				w.Header()[k] = vs
+			}
+			w.WriteHeader(status)
+			return nil
+		},
+		Body: func(chunk []byte) error {
+			if _, err := w.Write(chunk); err != nil {
+				return err
+			}
+			return w.Flush()
+		},
+		Trailers: func(t http.Header) error {
+			for k, vs := range t {
+				for _, v := range vs {
+					w.Header().Add(http.TrailerPrefix+k, v)
+				}
+			}
+			return nil
+		},
+	}
+	err := ex.Respond(&extproc.Response{Status: resp.StatusCode, Header: h, Body: body, Trailer: resp.Trailer, Served: rec.upstream}, sink)
+	if err == nil {
+		return
+	}
+	var ir *extproc.ImmediateResponse
+	switch {
+	case w.status == 0 && errors.As(err, &ir):
+		rec.note = "endpoint picker answered " + strconv.Itoa(ir.Status)
+		ir.Write(w)
+	case w.status == 0 && r.Context().Err() == nil && b.pool.failOpen:
+		g.log.Error(err, "endpoint picker failed on the response; passing it through", "pool", b.pool.key.String())
+		rec.failOpen = true
+		g.metrics.failOpen.WithLabelValues(b.pool.key.String()).Inc()
+		g.passThrough(w, r, resp, b)
+	case w.status == 0 && r.Context().Err() == nil:
+		g.log.Error(err, "endpoint picker failed on the response", "pool", b.pool.key.String())
+		g.reply(w, rec, http.StatusServiceUnavailable, "endpoint picker failed on the response: "+err.Error())
+	default:
+		if r.Context().Err() == nil {
+			g.log.Error(err, "response aborted", "pool", b.pool.key.String())
+		}
+		rec.note = "aborted: " + err.Error()
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// hasBody is false when the response cannot have one, which Envoy signals
+// with end_of_stream on the headers.
+func hasBody(method string, resp *http.Response) bool {
+	return method != http.MethodHead && resp.StatusCode >= 200 && resp.StatusCode != http.StatusNoContent &&
+		resp.StatusCode != http.StatusNotModified && resp.ContentLength != 0
+}
+
+// passThrough copies an upstream response to the client, flushing every
+// read so that streamed responses stay streamed.
+func (g *Gateway) passThrough(w *responseWriter, r *http.Request, resp *http.Response, b *backend) {
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	removeHopByHop(h)
+	for k := range resp.Trailer {
+		h.Add("Trailer", k)
+	}
+	modifyHeaders(h, b.filters.responseHeaders)
+	w.WriteHeader(resp.StatusCode)
+	buf := make([]byte, extproc.ResponseBodyChunkSize)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			_ = w.Flush()
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			if r.Context().Err() == nil {
+				g.log.Error(err, "upstream response body", "backend", b.label)
+			}
+			panic(http.ErrAbortHandler)
+		}
+	}
+	for k, vs := range resp.Trailer {
+		h[k] = vs
+	}
+}
+
+// contextDone answers a request whose context ended: 504 when the route's
+// timeout fired, nothing when the client went away.
+func (g *Gateway) contextDone(ctx context.Context, w *responseWriter, rec *record) {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		g.reply(w, rec, http.StatusGatewayTimeout, "upstream request timeout")
+		return
+	}
+	rec.note = "client went away"
+}
+
+// reply is the gateway's own answer.
+func (g *Gateway) reply(w *responseWriter, rec *record, code int, msg string) {
+	rec.note = msg
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, msg+"\n")
+}
+
+// clientClosed is the status recorded for a request whose client went away
+// before an answer, as nginx and Envoy's access logs show it.
+const clientClosed = 499
+
+func (g *Gateway) observe(r *http.Request, w *responseWriter, rec *record, start time.Time) {
+	code := w.status
+	if code == 0 {
+		code = clientClosed
+	}
+	d := time.Since(start)
+	g.metrics.requests.WithLabelValues(string(rec.listener), rec.route, rec.backend, strconv.Itoa(code)).Inc()
+	g.metrics.duration.WithLabelValues(string(rec.listener), rec.route, rec.backend).Observe(d.Seconds())
+	g.log.V(1).Info("request", "listener", rec.listener, "method", r.Method, "host", r.Host, "path", r.URL.Path,
+		"requestID", r.Header.Get(extproc.RequestIDHeader), "route", rec.route, "backend", rec.backend, "upstream", rec.upstream,
+		"code", code, "duration", d, "pick", rec.pick, "failOpen", rec.failOpen, "note", rec.note)
+}
+
+// responseWriter records the status sent and flushes through wrappers.
+type responseWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *responseWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *responseWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *responseWriter) Flush() error { return http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w *responseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
