@@ -2,6 +2,7 @@ package v1alpha2
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
@@ -46,6 +47,55 @@ type LLMInferenceServiceStatus struct {
 	// +listType=map
 	// +listMapKey=name
 	Clusters []ClusterStatus `json:"clusters,omitempty"`
+
+	// Placement is set by the fleetinfer hub on the service it places: the
+	// decision in force, which the hub keeps until its inputs change. A
+	// fleetinfer extension.
+	// +optional
+	Placement *PlacementStatus `json:"placement,omitempty"`
+
+	// Federation is set by the spoke controller on a copy the fleetinfer hub
+	// placed with federation on: where the endpoint pickers and gateways of
+	// other clusters reach this cluster's picker and gateway. The hub
+	// publishes it in the other clusters' peer directories. A fleetinfer
+	// extension.
+	// +optional
+	Federation *FederationStatus `json:"federation,omitempty"`
+}
+
+// PlacementStatus is the hub's placement decision in force for a service;
+// the replicas each cluster gets are in Clusters.
+type PlacementStatus struct {
+	// PlacementName is the InferencePlacement the decision followed.
+	// +optional
+	PlacementName string `json:"placementName,omitempty"`
+	// InputsHash identifies the inputs of the decision (the placement's and
+	// the service's generations and the eligible clusters); the hub decides
+	// again only when they change.
+	InputsHash string `json:"inputsHash"`
+	// UnplacedReplicas fit in no cluster when the decision was made; they
+	// are placed as soon as room appears.
+	// +optional
+	UnplacedReplicas int32 `json:"unplacedReplicas,omitempty"`
+	// FailedOverClusters lost their replicas while unavailable; with
+	// rebalance: Never they get none back when they recover.
+	// +optional
+	// +listType=set
+	FailedOverClusters []string `json:"failedOverClusters,omitempty"`
+	// LastDecisionTime is when the decision in force was made.
+	// +optional
+	LastDecisionTime *metav1.Time `json:"lastDecisionTime,omitempty"`
+}
+
+// FederationStatus is how other clusters reach a copy's endpoint picker.
+type FederationStatus struct {
+	// PickerAddress is host:port of the endpoint picker's federation server.
+	// +optional
+	PickerAddress string `json:"pickerAddress,omitempty"`
+	// GatewayAddress is host:port where other clusters' gateways send this
+	// service's requests (Parent mode).
+	// +optional
+	GatewayAddress string `json:"gatewayAddress,omitempty"`
 }
 
 // ClusterStatus is one cluster's copy of a hub service.
