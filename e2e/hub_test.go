@@ -23,9 +23,9 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/distribute"
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
-	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // gpuService is a KServe LLMInferenceService whose replicas each request
@@ -40,7 +40,7 @@ func gpuService(ns, name string, replicas int32, gpus int64) *v1alpha2.LLMInfere
 				Template: &corev1.PodSpec{Containers: []corev1.Container{{
 					Name: "main", Image: "vllm/vllm-openai:v0.11.0",
 					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
-						kubelet.GPUResource: *resource.NewQuantity(gpus, resource.DecimalSI)}},
+						accelerator.NVIDIA: *resource.NewQuantity(gpus, resource.DecimalSI)}},
 				}}},
 			},
 		},

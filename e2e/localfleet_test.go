@@ -26,9 +26,9 @@ import (
 	clusterv1 "open-cluster-management.io/api/cluster/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
-	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // vllmDeployment is a model-server Deployment as a user would write it for
@@ -50,7 +50,7 @@ func vllmDeployment(ns, name string, gpus int64) *appsv1.Deployment {
 					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
 						HTTPGet: &corev1.HTTPGetAction{Path: "/health", Port: intstrFromString("http")}}, PeriodSeconds: 2},
 					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
-						kubelet.GPUResource: *resource.NewQuantity(gpus, resource.DecimalSI)}},
+						accelerator.NVIDIA: *resource.NewQuantity(gpus, resource.DecimalSI)}},
 				}}},
 			},
 		},
@@ -74,7 +74,7 @@ func TestModelServerPodServesOnItsPodIPAndStopsWithItsDeployment(t *testing.T) {
 	if err := spoke.Client.Get(ctx, client.ObjectKey{Name: pod.Spec.NodeName}, &node); err != nil {
 		t.Fatal(err)
 	}
-	if node.Labels[kubelet.GPUProductLabel] == "" || node.Status.Capacity.Name(kubelet.GPUResource, resource.DecimalSI).IsZero() {
+	if node.Labels[accelerator.NVIDIAProductLabel] == "" || node.Status.Capacity.Name(accelerator.NVIDIA, resource.DecimalSI).IsZero() {
 		t.Fatalf("pod landed on node %s without GPUs: labels %v", node.Name, node.Labels)
 	}
 	ip, err := netip.ParseAddr(pod.Status.PodIP)
@@ -281,7 +281,7 @@ func TestSpokesAreRegisteredWithTheHub(t *testing.T) {
 		if !meta.IsStatusConditionTrue(mc.Status.Conditions, clusterv1.ManagedClusterConditionAvailable) {
 			t.Errorf("%s not Available: %v", s.Name(), mc.Status.Conditions)
 		}
-		gpus := mc.Status.Allocatable[clusterv1.ResourceName(kubelet.GPUResource)]
+		gpus := mc.Status.Allocatable[clusterv1.ResourceName(accelerator.NVIDIA)]
 		if gpus.Value() != int64(want) {
 			t.Errorf("%s allocatable GPUs %s, want %d", s.Name(), gpus.String(), want)
 		}

@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
-	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // KServe's data-parallel sample for GCP a3-highgpu-8g machines (DeepSeek
@@ -83,7 +83,7 @@ func TestKServeMultiNodeSampleRunsAsALeaderWorkerSet(t *testing.T) {
 		if err := spoke.Client.Get(ctx, client.ObjectKey{Name: p.Spec.NodeName}, node); err != nil {
 			t.Fatalf("pod %s node %q: %v", p.Name, p.Spec.NodeName, err)
 		}
-		if node.Labels[kubelet.GPUProductLabel] == "" {
+		if node.Labels[accelerator.NVIDIAProductLabel] == "" {
 			t.Errorf("pod %s runs on %s, not a GPU node", p.Name, node.Name)
 		}
 		nodes[node.Name] = true

@@ -13,7 +13,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 )
 
 // failoverResult is one loss of a spoke's control plane, timed from the
@@ -44,7 +44,7 @@ func (b *bench) failover(ctx context.Context, rep int) (failoverResult, error) {
 			Model: v1alpha2.LLMModelSpec{URI: "hf://facebook/opt-125m", Name: ptr.To("opt")},
 			WorkloadSpec: v1alpha2.WorkloadSpec{Replicas: ptr.To(int32(1)),
 				Template: &corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "vllm/vllm-openai:v0.11.0",
-					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{kubelet.GPUResource: resource.MustParse("1")}}}}}},
+					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{accelerator.NVIDIA: resource.MustParse("1")}}}}}},
 		},
 	}
 	p := &fleetv1alpha1.InferencePlacement{ObjectMeta: metav1.ObjectMeta{Name: "resilient", Namespace: ns},

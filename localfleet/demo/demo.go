@@ -23,6 +23,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 	"github.com/fleetinfer/fleetinfer/localfleet/loadgen"
@@ -294,8 +295,8 @@ func clusterStatus(ctx context.Context, f *fleet.Fleet, s *fleet.Cluster) status
 	if err := s.Client.List(ctx, &pods); err == nil {
 		total, used, ready, live := int64(0), int64(0), 0, 0
 		for _, n := range nodes.Items {
-			total += n.Status.Allocatable.Name(kubelet.GPUResource, "").Value()
-			st.product = n.Labels[kubelet.GPUProductLabel]
+			total += n.Status.Allocatable.Name(accelerator.NVIDIA, "").Value()
+			st.product = n.Labels[accelerator.NVIDIAProductLabel]
 		}
 		for _, p := range pods.Items {
 			if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
@@ -304,7 +305,7 @@ func clusterStatus(ctx context.Context, f *fleet.Fleet, s *fleet.Cluster) status
 			live++
 			if p.Spec.NodeName != "" {
 				for _, c := range p.Spec.Containers {
-					used += c.Resources.Limits.Name(kubelet.GPUResource, "").Value()
+					used += c.Resources.Limits.Name(accelerator.NVIDIA, "").Value()
 				}
 			}
 			for _, c := range p.Status.Conditions {

@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/fleetinfer/fleetinfer/hub/clusterprofile"
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
-	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 )
 
 // Registration, in the forms the hub reads.
@@ -279,7 +279,7 @@ func properties(old []clusterinventoryv1alpha1.Property, claims []clusterv1.Mana
 func sumResources(nodes []corev1.Node) (capacity, allocatable clusterv1.ResourceList) {
 	capacity, allocatable = clusterv1.ResourceList{}, clusterv1.ResourceList{}
 	add := func(into clusterv1.ResourceList, from corev1.ResourceList) {
-		for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, kubelet.GPUResource} {
+		for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, accelerator.NVIDIA} {
 			q, ok := from[name]
 			if !ok {
 				continue
@@ -293,9 +293,9 @@ func sumResources(nodes []corev1.Node) (capacity, allocatable clusterv1.Resource
 		add(capacity, n.Status.Capacity)
 		add(allocatable, n.Status.Allocatable)
 	}
-	if _, ok := capacity[clusterv1.ResourceName(kubelet.GPUResource)]; !ok {
-		capacity[clusterv1.ResourceName(kubelet.GPUResource)] = resource.MustParse("0")
-		allocatable[clusterv1.ResourceName(kubelet.GPUResource)] = resource.MustParse("0")
+	if _, ok := capacity[clusterv1.ResourceName(accelerator.NVIDIA)]; !ok {
+		capacity[clusterv1.ResourceName(accelerator.NVIDIA)] = resource.MustParse("0")
+		allocatable[clusterv1.ResourceName(accelerator.NVIDIA)] = resource.MustParse("0")
 	}
 	return capacity, allocatable
 }
@@ -317,7 +317,7 @@ func claims(s *Cluster, nodes []corev1.Node) []clusterv1.ManagedClusterClaim {
 	}
 	products := map[string]bool{}
 	for _, n := range nodes {
-		if p := n.Labels[kubelet.GPUProductLabel]; p != "" {
+		if p := n.Labels[accelerator.NVIDIAProductLabel]; p != "" {
 			products[p] = true
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 )
 
 // NodeSpec describes a fake node. GPUs are advertised the way the NVIDIA
@@ -35,15 +37,13 @@ type NodeSpec struct {
 	EphemeralStorage string
 }
 
-// GPU resource and labels, as published by NVIDIA's device plugin and GPU
-// feature discovery.
+// gpuCountLabel is the GPU count NVIDIA's GPU feature discovery puts on a
+// node next to its product and memory labels.
+const gpuCountLabel = "nvidia.com/gpu.count"
+
 const (
-	GPUResource         corev1.ResourceName = "nvidia.com/gpu"
-	GPUProductLabel                         = "nvidia.com/gpu.product"
-	GPUCountLabel                           = "nvidia.com/gpu.count"
-	GPUMemoryLabel                          = "nvidia.com/gpu.memory"
-	leaseRenewInterval                      = 10 * time.Second
-	leaseDurationSecond                     = 40
+	leaseRenewInterval  = 10 * time.Second
+	leaseDurationSecond = 40
 )
 
 func (n NodeSpec) object(ip, version string) (*corev1.Node, error) {
@@ -71,13 +71,13 @@ func (n NodeSpec) object(ip, version string) (*corev1.Node, error) {
 		corev1.LabelArchStable: "amd64",
 	}
 	if n.GPUs > 0 {
-		capacity[GPUResource] = *resource.NewQuantity(int64(n.GPUs), resource.DecimalSI)
-		labels[GPUCountLabel] = strconv.Itoa(n.GPUs)
+		capacity[accelerator.NVIDIA] = *resource.NewQuantity(int64(n.GPUs), resource.DecimalSI)
+		labels[gpuCountLabel] = strconv.Itoa(n.GPUs)
 		if n.GPUProduct != "" {
-			labels[GPUProductLabel] = n.GPUProduct
+			labels[accelerator.NVIDIAProductLabel] = n.GPUProduct
 		}
 		if n.GPUMemoryMiB > 0 {
-			labels[GPUMemoryLabel] = strconv.Itoa(n.GPUMemoryMiB)
+			labels[accelerator.NVIDIAMemoryLabel] = strconv.Itoa(n.GPUMemoryMiB)
 		}
 	}
 	for k, v := range n.Labels {
