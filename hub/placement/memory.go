@@ -8,10 +8,10 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 )
 
-// Status annotations that held the decision memory before status.placement
-// did. A hub object that has them and no status.placement is read as if it
-// had the typed form, so an upgraded hub keeps the decision in force instead
-// of deciding again and moving replicas; Record drops them.
+// Legacy status annotations holding the decision memory. A hub object that
+// has them and no status.placement is read as if it had the typed form, so
+// the hub keeps the decision in force instead of deciding again and moving
+// replicas; Record drops them once the typed form is written.
 const (
 	legacyInputsAnnotation     = "fleet.fleetinfer.io/placement-inputs"
 	legacyUnplacedAnnotation   = "fleet.fleetinfer.io/unplaced-replicas"
