@@ -30,6 +30,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/export"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/peers"
+	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
 
 // Scheme knows every API the hub reads or writes, on the hub and in spokes.
@@ -105,7 +106,7 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	if err := (&distribute.PlacementStatus{Hub: local.GetClient()}).SetupWithManager(mgr); err != nil {
+	if err := (&placement.StatusReconciler{Hub: local.GetClient()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&export.Reconciler{Inv: inv}).SetupWithManager(ctx, mgr); err != nil {

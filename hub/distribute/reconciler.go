@@ -1,9 +1,13 @@
-// Package distribute is the hub's LLMInferenceService controller: for each
-// service applied to the hub it decides, under the InferencePlacement that
-// selects it, which clusters run it with how many replicas; writes a copy of
-// the service into each of them; moves replicas off clusters that fail for
-// longer than the placement tolerates; and reports one status with an entry
-// per cluster. It never touches a spoke object it did not create.
+// Package distribute is the hub's LLMInferenceService controller. For each
+// service applied to the hub it asks hub/placement where the service runs
+// under the InferencePlacement that selects it (decide.go), writes a copy of
+// the service into each chosen cluster, make-before-break (copies.go), and
+// reports one status with an entry per cluster, the Placed, Distributed and
+// Ready conditions and the decision in force (status.go, pure). Events are
+// recorded in one place, from the conditions' transitions and the
+// decision's failovers. The orphan collector (gc.go) removes copies no hub
+// object accounts for. The hub never touches a spoke object it did not
+// create.
 package distribute
 
 import (
@@ -29,24 +33,15 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
+	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
 
-// Labels and annotations the hub puts on what it writes into spokes.
-const (
-	// Finalizer keeps a hub service until its copies are deleted.
-	Finalizer = "fleet.fleetinfer.io/hub"
+// Finalizer keeps a hub service until its copies are deleted.
+const Finalizer = "fleet.fleetinfer.io/hub"
 
-	// status.annotations the hub keeps between reconciles.
-	inputsAnnotation     = "fleet.fleetinfer.io/placement-inputs"
-	unplacedAnnotation   = "fleet.fleetinfer.io/unplaced-replicas"
-	failedOverAnnotation = "fleet.fleetinfer.io/failed-over"
-)
-
-// Hub condition types on the hub's LLMInferenceService, next to Ready.
-const (
-	Placed      v1alpha2.ConditionType = "Placed"
-	Distributed v1alpha2.ConditionType = "Distributed"
-)
+// Distributed is the hub service's condition that says whether every chosen
+// cluster holds its copy; placement.Placed and Ready stand next to it.
+const Distributed v1alpha2.ConditionType = "Distributed"
 
 // Phases of a cluster entry in status.clusters.
 const (
@@ -65,9 +60,19 @@ type Options struct {
 	Workers int
 }
 
+// clusterSource lists the fleet's clusters, each with its clients and
+// availability; the inventory is the one in production, tests give fixed
+// clusters with fake clients.
+type clusterSource interface {
+	Clusters(ctx context.Context) []inventory.Cluster
+}
+
 // Reconciler reconciles hub LLMInferenceServices.
 type Reconciler struct {
-	hub       client.Client
+	hub      client.Client
+	clusters clusterSource
+	// inv feeds the watches with cluster changes (SetupWithManager); a
+	// reconcile reads clusters only through clusters.
 	inv       *inventory.Inventory
 	recorder  record.EventRecorder
 	opts      Options
@@ -77,8 +82,8 @@ type Reconciler struct {
 // NewReconciler builds the reconciler on the hub (local) cluster's client.
 func NewReconciler(mgr mcmanager.Manager, inv *inventory.Inventory, opts Options) *Reconciler {
 	local := mgr.GetLocalManager()
-	return &Reconciler{hub: local.GetClient(), inv: inv, recorder: local.GetEventRecorderFor("fleetinfer-hub"), opts: opts,
-		deletions: &deletions{}}
+	return &Reconciler{hub: local.GetClient(), clusters: inv, inv: inv, recorder: local.GetEventRecorderFor("fleetinfer-hub"),
+		opts: opts, deletions: &deletions{}}
 }
 
 // OrphanCollector returns the collector of the copies this reconciler's hub
@@ -140,34 +145,36 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		}
 	}
 	before := svc.Status.DeepCopy()
-	requeue, recErr := r.reconcile(ctx, svc)
+	out, recErr := r.reconcile(ctx, svc)
 	svc.Status.ObservedGeneration = svc.Generation
 	if err := r.writeStatus(ctx, svc, before); err != nil {
 		return ctrl.Result{}, errors.Join(recErr, err)
 	}
-	r.events(svc, before)
-	return ctrl.Result{RequeueAfter: requeue}, recErr
+	r.events(svc, before, out.failovers)
+	return ctrl.Result{RequeueAfter: out.requeue}, recErr
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceService) (time.Duration, error) {
+// reconcile runs observe → decide → distribute → observe → report. Only
+// distribute writes to the clusters; the status is written by the caller.
+func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceService) (outcome, error) {
 	began := time.Now()
-	clusters := r.inv.Clusters(ctx)
+	clusters := r.clusters.Clusters(ctx)
 	copies := r.observe(ctx, svc, clusters)
-	d, requeue, err := r.decide(ctx, svc, clusters, copies)
+	out, err := r.decide(ctx, svc, clusters, copies)
 	if err != nil {
-		return 0, err
+		return outcome{}, err
 	}
-	distErr := r.distribute(ctx, svc, d, clusters, copies)
-	if distErr == nil && len(d.want) > 0 && svc.Status.ObservedGeneration != svc.Generation {
+	distErr := r.distribute(ctx, svc, out.decision, clusters, copies)
+	if distErr == nil && len(out.want) > 0 && svc.Status.ObservedGeneration != svc.Generation {
 		distributionLag.Observe(time.Since(began).Seconds())
 	}
 	// Read back what the writes did, so the status is the clusters' own.
 	copies = r.observe(ctx, svc, clusters)
-	r.report(svc, d, clusters, copies)
-	if svc.Status.Clusters != nil && !svc.Status.IsTrue(Distributed) && requeue == 0 {
-		requeue = 5 * time.Second
+	report(svc, out, clusters, copies)
+	if svc.Status.Clusters != nil && !svc.Status.IsTrue(Distributed) && out.requeue == 0 {
+		out.requeue = 5 * time.Second
 	}
-	return requeue, distErr
+	return out, distErr
 }
 
 // finalize deletes the copies in every reachable cluster. Copies in
@@ -178,7 +185,7 @@ func (r *Reconciler) finalize(ctx context.Context, svc *v1alpha2.LLMInferenceSer
 		return nil
 	}
 	var errs []error
-	for _, c := range r.inv.Clusters(ctx) {
+	for _, c := range r.clusters.Clusters(ctx) {
 		if !c.Available() {
 			continue
 		}
@@ -208,10 +215,17 @@ func (r *Reconciler) writeStatus(ctx context.Context, svc *v1alpha2.LLMInference
 	})
 }
 
-// events records transitions of the hub conditions.
-func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.LLMInferenceServiceStatus) {
+// events records the decision's failovers and the transitions of the hub
+// conditions. A condition's Event reason is its type when True (Placed,
+// Distributed, Ready) and names the loss otherwise (NotPlaced,
+// NotDistributed, NotReady).
+func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.LLMInferenceServiceStatus, failovers []failover) {
 	readyClusters.WithLabelValues(svc.Namespace, svc.Name).Set(float64(countReady(svc.Status.Clusters)))
-	for _, t := range []v1alpha2.ConditionType{Placed, Distributed, v1alpha2.Ready} {
+	for _, f := range failovers {
+		r.recorder.Eventf(svc, corev1.EventTypeWarning, "Failover", "Cluster %s unavailable since %s (%s): its replicas move to %s",
+			f.cluster.Name, f.cluster.UnavailableSince.UTC().Format(time.RFC3339), f.cluster.Reason, f.to)
+	}
+	for _, t := range []v1alpha2.ConditionType{placement.Placed, Distributed, v1alpha2.Ready} {
 		was, is := before.GetCondition(t), svc.Status.GetCondition(t)
 		if is == nil || (was != nil && was.Status == is.Status && was.Reason == is.Reason) {
 			continue
@@ -224,15 +238,17 @@ func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.
 		if msg == "" {
 			msg = fmt.Sprintf("%s is %s", t, is.Status)
 		}
-		r.recorder.Event(svc, typ, string(t)+reasonSuffix(is), msg)
+		r.recorder.Event(svc, typ, eventReason(is), msg)
 	}
 }
 
-func reasonSuffix(c *v1alpha2.Condition) string {
+// eventReason is the reason of the Event that marks condition c's
+// transition.
+func eventReason(c *v1alpha2.Condition) string {
 	if c.Status == corev1.ConditionTrue {
-		return ""
+		return string(c.Type)
 	}
-	return "Not"
+	return "Not" + string(c.Type)
 }
 
 func countReady(cs []v1alpha2.ClusterStatus) int {

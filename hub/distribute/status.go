@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
+	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
 
 // Reasons of the Distributed and Ready conditions.
@@ -20,10 +21,18 @@ const (
 	ReasonClustersNotReady = "ClustersNotReady"
 )
 
-// report writes the per-cluster entries and rolls them up into Distributed
-// and Ready; the hub's addresses are the ready copies' URLs.
-func (r *Reconciler) report(svc *v1alpha2.LLMInferenceService, d decision, clusters []inventory.Cluster, copies map[string]*observed) {
+// report sets the service's status from the outcome of deciding and what
+// the clusters hold, without API calls: the Placed condition and the
+// decision memory (status.placement) as decided, the per-cluster entries,
+// and their roll-up into Distributed and Ready; the hub's addresses are the
+// ready copies' URLs.
+func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory.Cluster, copies map[string]*observed) {
 	st := &svc.Status
+	d := out.decision
+	if out.placed != nil {
+		st.SetCondition(*out.placed)
+	}
+	placement.Record(st, out.memory)
 	var entries []v1alpha2.ClusterStatus
 	var conflicts, unreachable, pending, notReady []string
 	available := map[string]bool{}
@@ -101,7 +110,7 @@ func (r *Reconciler) report(svc *v1alpha2.LLMInferenceService, d decision, clust
 
 	switch {
 	case len(d.want) == 0:
-		if c := st.GetCondition(Placed); c != nil && c.Status == corev1.ConditionFalse {
+		if c := st.GetCondition(placement.Placed); c != nil && c.Status == corev1.ConditionFalse {
 			st.MarkFalse(v1alpha2.Ready, c.Reason, "%s", c.Message)
 		} else {
 			st.MarkFalse(v1alpha2.Ready, ReasonClustersNotReady, "the service runs in no cluster")

@@ -1,7 +1,14 @@
 // Package placement decides where a service runs: which of the fleet's
 // clusters are eligible, which of them are chosen, and how many replicas
-// each gets under the placement's strategy. It is pure: the hub gathers the
-// inputs (cluster labels, health, capacity) and applies the decision.
+// each gets under the placement's strategy.
+//
+// Decide is pure, so every strategy is table-tested without a cluster. Its
+// inputs are gathered here too (inputs.go: the InferencePlacement that
+// selects a service, what one replica needs, each cluster's capacity,
+// health within the failover toleration, an OCM Placement's decisions), as
+// is the decision memory the hub keeps on the service (memory.go:
+// status.placement) and the InferencePlacement status (status.go). The
+// hub's distribute controller applies the decision.
 package placement
 
 import (
@@ -12,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
@@ -37,9 +45,13 @@ type Cluster struct {
 
 // Need is what one replica of a service takes.
 type Need struct {
+	// Resource is the accelerator resource its pods request (see
+	// internal/accelerator); empty takes any.
+	Resource corev1.ResourceName
 	// Product is the accelerator model required; empty takes any.
 	Product string
-	// PerPod is the accelerators one pod requests; 0 for a CPU model.
+	// PerPod is the accelerators of Resource one pod requests; 0 for a CPU
+	// model.
 	PerPod int64
 	// Pods is the number of pods of one replica (1, or a multi-node group).
 	Pods int32
@@ -181,20 +193,29 @@ func roomFor(n Need, c Cluster) (int64, bool, string) {
 	found := false
 	for i := range c.Capacity.Accelerators {
 		a := &c.Capacity.Accelerators[i]
-		if n.Product != "" && a.Product != n.Product {
+		if (n.Resource != "" && a.Resource != n.Resource) || (n.Product != "" && a.Product != n.Product) {
 			continue
 		}
 		found = true
 		fit += a.PodsThatFit(n.PerPod) / int64(pods)
 	}
 	if !found {
-		want := n.Product
-		if want == "" {
-			want = "accelerators"
-		}
-		return 0, false, "has no " + want
+		return 0, false, "has no " + n.describe()
 	}
 	return fit + int64(c.Current), true, ""
+}
+
+// describe names the accelerator of a need for messages.
+func (n Need) describe() string {
+	switch {
+	case n.Product != "" && n.Resource != "":
+		return fmt.Sprintf("%s (%s)", n.Product, n.Resource)
+	case n.Product != "":
+		return n.Product
+	case n.Resource != "":
+		return string(n.Resource)
+	}
+	return "accelerators"
 }
 
 // limit keeps at most MaxClusters candidates, the first ones in order.

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -172,7 +173,14 @@ type ClusterWeight struct {
 
 // AcceleratorRequirement is what one replica needs.
 type AcceleratorRequirement struct {
-	// Product is the accelerator model (nvidia.com/gpu.product); empty
+	// Resource is the accelerator's extended resource. Empty means the one
+	// the service's pods request, or nvidia.com/gpu when they request none.
+	// +optional
+	// +kubebuilder:validation:Enum=nvidia.com/gpu;amd.com/gpu;gpu.intel.com/i915;gpu.intel.com/xe;google.com/tpu
+	Resource corev1.ResourceName `json:"resource,omitempty"`
+	// Product is the accelerator model as the resource's vendor labels it
+	// (nvidia.com/gpu.product, amd.com/gpu.product-name,
+	// gpu.intel.com/product, cloud.google.com/gke-tpu-accelerator); empty
 	// accepts any.
 	// +optional
 	Product string `json:"product,omitempty"`

@@ -1,4 +1,4 @@
-package distribute
+package placement
 
 import (
 	"context"
@@ -22,14 +22,19 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 )
 
-// PlacementStatus summarizes, on each InferencePlacement, the decisions the
-// service reconciler made for the services it selects.
-type PlacementStatus struct {
+// +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=inferenceplacements,verbs=get;list;watch
+// +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=inferenceplacements/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=serving.kserve.io,resources=llminferenceservices,verbs=get;list;watch
+
+// StatusReconciler summarizes, on each InferencePlacement, the decisions
+// the hub made for the services it selects, as each service's status
+// reports them.
+type StatusReconciler struct {
 	Hub client.Client
 }
 
 // Reconcile writes one placement's status.
-func (r *PlacementStatus) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
+func (r *StatusReconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
 	p := &fleetv1alpha1.InferencePlacement{}
 	if err := r.Hub.Get(ctx, req.NamespacedName, p); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -44,7 +49,7 @@ func (r *PlacementStatus) Reconcile(ctx context.Context, req mcreconcile.Request
 	var notReady []string
 	for i := range list.Items {
 		svc := &list.Items[i]
-		if !selects(p, svc) {
+		if !Selects(p, svc) {
 			continue
 		}
 		d := fleetv1alpha1.ServiceDecision{Name: svc.Name}
@@ -55,7 +60,9 @@ func (r *PlacementStatus) Reconcile(ctx context.Context, req mcreconcile.Request
 			}
 		}
 		for _, c := range svc.Status.Clusters {
-			if c.Phase != PhaseLeaving {
+			// A cluster leaving the decision is reported with no desired
+			// replicas until its copy goes.
+			if c.DesiredReplicas > 0 {
 				d.Clusters = append(d.Clusters, fleetv1alpha1.ClusterDecision{Name: c.Name, Replicas: c.DesiredReplicas, Reason: c.PlacementReason})
 			}
 		}
@@ -89,7 +96,7 @@ func (r *PlacementStatus) Reconcile(ctx context.Context, req mcreconcile.Request
 }
 
 // SetupWithManager registers the reconciler on the hub.
-func (r *PlacementStatus) SetupWithManager(mgr mcmanager.Manager) error {
+func (r *StatusReconciler) SetupWithManager(mgr mcmanager.Manager) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-inferenceplacement-status").
 		For(&fleetv1alpha1.InferencePlacement{}, watch.ForHub...).
@@ -99,6 +106,6 @@ func (r *PlacementStatus) SetupWithManager(mgr mcmanager.Manager) error {
 		Complete(r)
 }
 
-func (r *PlacementStatus) placementsOfService(ctx context.Context, o client.Object) []mcreconcile.Request {
+func (r *StatusReconciler) placementsOfService(ctx context.Context, o client.Object) []mcreconcile.Request {
 	return watch.Requests(ctx, r.Hub, &fleetv1alpha1.InferencePlacementList{}, o.GetNamespace())
 }

@@ -1,0 +1,237 @@
+package placement
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+	clusterv1beta1 "open-cluster-management.io/api/cluster/v1beta1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
+	"github.com/fleetinfer/fleetinfer/internal/accelerator"
+)
+
+// Placed is the hub service's condition that says whether, and where, it is
+// placed.
+const Placed v1alpha2.ConditionType = "Placed"
+
+// Reasons of the Placed condition.
+const (
+	ReasonPlaced             = "Placed"
+	ReasonNoPlacement        = "NoPlacement"
+	ReasonMultiplePlacements = "MultiplePlacements"
+	ReasonNoEligibleCluster  = "NoEligibleCluster"
+	ReasonPartiallyPlaced    = "PartiallyPlaced"
+	ReasonInvalidPlacement   = "InvalidPlacement"
+)
+
+// For finds the one InferencePlacement of the service's namespace that
+// selects it. When none or several do it returns nil, with the reason and
+// message of the False Placed condition that says so.
+func For(ctx context.Context, hub client.Reader, svc *v1alpha2.LLMInferenceService) (*fleetv1alpha1.InferencePlacement, string, string, error) {
+	var list fleetv1alpha1.InferencePlacementList
+	if err := hub.List(ctx, &list, client.InNamespace(svc.Namespace)); err != nil {
+		return nil, "", "", err
+	}
+	var matched []*fleetv1alpha1.InferencePlacement
+	for i := range list.Items {
+		p := &list.Items[i]
+		if !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if Selects(p, svc) {
+			matched = append(matched, p)
+		}
+	}
+	switch len(matched) {
+	case 0:
+		return nil, ReasonNoPlacement, fmt.Sprintf("no InferencePlacement in namespace %s selects this service; create one to run it on GPU clusters", svc.Namespace), nil
+	case 1:
+		return matched[0], "", "", nil
+	}
+	var names []string
+	for _, p := range matched {
+		names = append(names, p.Name)
+	}
+	sort.Strings(names)
+	return nil, ReasonMultiplePlacements, fmt.Sprintf("InferencePlacements %s all select this service; narrow their serviceSelector so exactly one does", strings.Join(names, ", ")), nil
+}
+
+// Selects reports whether placement p selects service svc.
+func Selects(p *fleetv1alpha1.InferencePlacement, svc *v1alpha2.LLMInferenceService) bool {
+	if p.Spec.ServiceSelector == nil {
+		return true
+	}
+	sel, err := metav1.LabelSelectorAsSelector(p.Spec.ServiceSelector)
+	return err == nil && sel.Matches(labels.Set(svc.Labels))
+}
+
+// Fleet is what the hub knows of its clusters when it decides for one
+// service.
+type Fleet struct {
+	Clusters []inventory.Cluster
+	// Held is, per cluster, the service's replicas whose pods are ready:
+	// their accelerators are counted as requested in the cluster's capacity
+	// although they are the service's to keep. Pods not yet bound hold
+	// none, so counting them would count the same room twice.
+	Held map[string]int32
+	// FailedOver lists the clusters that lost the service's replicas while
+	// unavailable (the decision memory's FailedOverClusters).
+	FailedOver []string
+	// DefaultToleration applies when the placement sets none.
+	DefaultToleration time.Duration
+	Now               time.Time
+}
+
+// Inputs gathers the request and the clusters of a decision for svc under
+// pl. It also returns when the earliest failover toleration ends, so the
+// service is reconsidered on time (0 when none is running).
+func Inputs(ctx context.Context, hub client.Reader, pl *fleetv1alpha1.InferencePlacement, svc *v1alpha2.LLMInferenceService, f Fleet) (Request, []Cluster, time.Duration) {
+	toleration := f.DefaultToleration
+	if t := pl.Spec.Failover.TolerationSeconds; t != nil {
+		toleration = time.Duration(*t) * time.Second
+	}
+	var requeue time.Duration
+	var out []Cluster
+	for _, c := range f.Clusters {
+		ok := c.Available()
+		if !ok {
+			if left := toleration - f.Now.Sub(c.UnavailableSince); left > 0 {
+				ok = true // within the toleration: keep its replicas where they are
+				requeue = minPositive(requeue, left+100*time.Millisecond)
+			}
+		}
+		if ok && pl.Spec.Replicas.Rebalance == "Never" && slices.Contains(f.FailedOver, c.Name) {
+			ok = false // recovered, but the placement keeps replicas where failover put them
+		}
+		out = append(out, Cluster{Name: c.Name, Labels: c.Labels, Properties: c.Properties,
+			Healthy: ok, Capacity: CapacityOf(ctx, c.Client), Current: f.Held[c.Name]})
+	}
+	req := Request{Spec: pl.Spec, Replicas: ptr.Deref(svc.Spec.Replicas, 1), Need: NeedOf(svc, pl.Spec.Accelerator)}
+	if ref := pl.Spec.Clusters.OCMPlacement; ref != nil {
+		req.OCMDecided = OCMDecided(ctx, hub, pl.Namespace, ref.Name)
+	}
+	return req, out, requeue
+}
+
+// NeedOf derives what one replica needs from the service's pod templates:
+// the accelerator resource and how many of it each pod requests, counted as
+// the scheduler (and the spoke's ClusterCapacity) counts them; the product
+// its node selector asks for; and how many pods a multi-node replica has.
+// The placement's spec.accelerator, when set, overrides the product and the
+// count.
+func NeedOf(svc *v1alpha2.LLMInferenceService, override *fleetv1alpha1.AcceleratorRequirement) Need {
+	n := Need{Pods: 1}
+	s := &svc.Spec
+	if s.Worker != nil {
+		n.Pods = s.Parallelism.GroupSize()
+	}
+	pods := []*corev1.PodSpec{s.Template, s.Worker}
+	for _, pod := range pods {
+		if pod == nil {
+			continue
+		}
+		if r, count := accelerator.PodNeed(pod); count > n.PerPod {
+			n.Resource, n.PerPod = r, count
+		}
+	}
+	if override != nil {
+		if override.Resource != "" {
+			n.Resource = override.Resource
+		}
+		if n.Resource == "" {
+			n.Resource = accelerator.NVIDIA
+		}
+		n.Product = override.Product
+		n.PerPod = int64(override.Count) / int64(max(n.Pods, 1))
+		return n
+	}
+	if label := accelerator.ProductLabel(n.Resource); label != "" {
+		for _, pod := range pods {
+			if pod == nil {
+				continue
+			}
+			if p := pod.NodeSelector[label]; p != "" {
+				n.Product = p
+			}
+		}
+	}
+	return n
+}
+
+// CapacityOf reads a cluster's capacity report through c, the hub's cache
+// of the cluster, which still answers while the cluster is briefly
+// unreachable (a blip must not make a cluster look ineligible); nil when
+// it has none.
+func CapacityOf(ctx context.Context, c client.Reader) *fleetv1alpha1.ClusterCapacityStatus {
+	if c == nil {
+		return nil
+	}
+	cc := &fleetv1alpha1.ClusterCapacity{}
+	if err := c.Get(ctx, client.ObjectKey{Name: fleetv1alpha1.ClusterCapacityName}, cc); err != nil {
+		return nil
+	}
+	return &cc.Status
+}
+
+// OCMDecided collects the clusters of an OCM Placement's decisions; empty
+// when it decided none or its decisions cannot be listed.
+func OCMDecided(ctx context.Context, hub client.Reader, ns, placementName string) map[string]bool {
+	var list clusterv1beta1.PlacementDecisionList
+	if err := hub.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{clusterv1beta1.PlacementLabel: placementName}); err != nil {
+		return map[string]bool{}
+	}
+	out := map[string]bool{}
+	for _, d := range list.Items {
+		for _, c := range d.Status.Decisions {
+			out[c.ClusterName] = true
+		}
+	}
+	return out
+}
+
+// Fingerprint identifies the inputs of a decision: the placement's and the
+// service's generations and the eligible clusters. Capacity is left out on
+// purpose, so capacity moving under a placed service does not move it.
+func Fingerprint(p *fleetv1alpha1.InferencePlacement, svc *v1alpha2.LLMInferenceService, eligible []string) string {
+	b, _ := json.Marshal(struct {
+		P, S     version
+		Eligible []string
+	}{version{p.UID, p.Generation}, version{svc.UID, svc.Generation}, eligible})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// version identifies one generation of an object.
+type version struct {
+	UID        any
+	Generation int64
+}
+
+// FederationMode is the placement's federation mode, Endpoint by default.
+func FederationMode(p *fleetv1alpha1.InferencePlacement) fleetv1alpha1.FederationMode {
+	if m := p.Spec.Federation.Mode; m != "" {
+		return m
+	}
+	return fleetv1alpha1.FederationEndpoint
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if a <= 0 || b < a {
+		return b
+	}
+	return a
+}
