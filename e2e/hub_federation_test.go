@@ -73,7 +73,10 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 	ns := namespace(t, fl.Hub)
 	const name = "federated"
 	svc := gpuService(ns, name, 1, 1)
-	svc.Spec.Router = &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{}}
+	// Routed through each spoke's default Gateway, whose peer address the
+	// spoke reports on the copy for Parent mode.
+	svc.Spec.Router = &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{},
+		Route: &v1alpha2.GatewayRoutesSpec{}, Gateway: &v1alpha2.GatewaySpec{}}
 	p := place(t, svc, fleetv1alpha1.InferencePlacementSpec{
 		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east", "west", "central"}},
 		// Parent mode: peers carry their gateway's peer listener.
