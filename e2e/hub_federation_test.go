@@ -16,7 +16,6 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
@@ -30,12 +29,12 @@ func pickerPod(t *testing.T, c *fleet.Cluster, ns, svc string) corev1.Pod {
 }
 
 // directory reads the peer directory the hub published next to a copy.
-func directory(ctx context.Context, c *fleet.Cluster, ns, svc string) (*federation.PeerDirectory, error) {
+func directory(ctx context.Context, c *fleet.Cluster, ns, svc string) (*fleetv1alpha1.PeerDirectory, error) {
 	cm := &corev1.ConfigMap{}
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svc)}, cm); err != nil {
 		return nil, err
 	}
-	return federation.ParseDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
+	return fleetv1alpha1.ParsePeerDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
 }
 
 // pickersConnected waits for each member's picker of service ns/name to
@@ -74,7 +73,10 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 	ns := namespace(t, fl.Hub)
 	const name = "federated"
 	svc := gpuService(ns, name, 1, 1)
-	svc.Spec.Router = &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{}}
+	// Routed through each spoke's default Gateway, whose peer address the
+	// spoke reports on the copy for Parent mode.
+	svc.Spec.Router = &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{},
+		Route: &v1alpha2.GatewayRoutesSpec{}, Gateway: &v1alpha2.GatewaySpec{}}
 	p := place(t, svc, fleetv1alpha1.InferencePlacementSpec{
 		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east", "west", "central"}},
 		// Parent mode: peers carry their gateway's peer listener.
@@ -101,7 +103,7 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 					got = append(got, peer.Cluster)
 					wantID := fmt.Sprintf("spiffe://fleetinfer.io/cluster/%s/ns/%s/llminferenceservice/%s", peer.Cluster, ns, name)
 					gw := strings.TrimPrefix(fl.Spoke(peer.Cluster).GatewayPeerURL(), "http://")
-					if peer.FederationAddress != addr[peer.Cluster] || peer.Identity != wantID || peer.GatewayAddress != gw || peer.Mode != federation.ModeParent {
+					if peer.FederationAddress != addr[peer.Cluster] || peer.Identity != wantID || peer.GatewayAddress != gw || peer.Mode != fleetv1alpha1.FederationParent {
 						return fmt.Errorf("%s lists %+v; want %s, %s, gateway %s, Parent", m, peer, addr[peer.Cluster], wantID, gw)
 					}
 				}

@@ -20,7 +20,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
-	"github.com/fleetinfer/fleetinfer/hub/peers"
+	"github.com/fleetinfer/fleetinfer/hub/federation"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
@@ -173,8 +173,8 @@ func TestHubRotatesTheFederationCAWithoutRefusingPeers(t *testing.T) {
 				seen[e.Reason] = true
 			}
 		}
-		if !seen[peers.ReasonTrustUpdated] || !seen[peers.ReasonCertificateIssued] {
-			return fmt.Errorf("reasons %v, want %s and %s", seen, peers.ReasonTrustUpdated, peers.ReasonCertificateIssued)
+		if !seen[federation.ReasonTrustUpdated] || !seen[federation.ReasonCertificateIssued] {
+			return fmt.Errorf("reasons %v, want %s and %s", seen, federation.ReasonTrustUpdated, federation.ReasonCertificateIssued)
 		}
 		return nil
 	})

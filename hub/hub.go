@@ -21,15 +21,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
-	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/distribute"
 	"github.com/fleetinfer/fleetinfer/hub/export"
+	"github.com/fleetinfer/fleetinfer/hub/federation"
+	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
-	"github.com/fleetinfer/fleetinfer/hub/peers"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
 
@@ -45,15 +45,14 @@ func init() {
 	utilruntime.Must(clusterinventoryv1alpha1.AddToScheme(Scheme))
 	utilruntime.Must(igwapiv1.Install(Scheme))
 	utilruntime.Must(igwapixv1alpha1.Install(Scheme))
-	utilruntime.Must(gwapiv1.Install(Scheme))
 }
 
 // ClusterOptions make every engaged spoke cluster use the hub's scheme and
-// cache only the pods, ConfigMaps and Secrets the hub works with.
+// cache only the ConfigMaps and Secrets the hub published.
 func ClusterOptions() []cluster.Option {
 	return []cluster.Option{func(o *cluster.Options) {
 		o.Scheme = Scheme
-		o.Cache.ByObject = peers.SpokeCache()
+		o.Cache.ByObject = federation.SpokeCache()
 	}}
 }
 
@@ -80,12 +79,10 @@ type Options struct {
 	// CA (created when missing).
 	FederationCASecret string
 	// FederationCAOverlap is how long each phase of a federation CA
-	// rotation lasts (peers.Authority.Overlap).
+	// rotation lasts (ca.Authority.Overlap).
 	FederationCAOverlap time.Duration
 	// TrustDomain is the SPIFFE trust domain of endpoint-picker identities.
 	TrustDomain string
-	// Gateway is each spoke's inference Gateway.
-	Gateway client.ObjectKey
 	// Workers is how many services each controller reconciles at once
 	// (default 8): a reconcile mostly waits on other clusters' API servers.
 	Workers int
@@ -112,11 +109,11 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	if err := (&export.Reconciler{Inv: inv}).SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	fed := &peers.Reconciler{Hub: local.GetClient(), Inv: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub"),
-		CA: &peers.Authority{Client: local.GetClient(), Reader: local.GetAPIReader(),
+	fed := &federation.Reconciler{Hub: local.GetClient(), Inv: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub"),
+		CA: &ca.Authority{Client: local.GetClient(), Reader: local.GetAPIReader(),
 			Secret: client.ObjectKey{Namespace: opts.Namespace, Name: opts.FederationCASecret}, Overlap: opts.FederationCAOverlap},
-		Opts: peers.Options{TrustDomain: opts.TrustDomain, Gateway: opts.Gateway, Workers: opts.Workers}}
-	if err := fed.SetupWithManager(ctx, mgr); err != nil {
+		Opts: federation.Options{TrustDomain: opts.TrustDomain, Workers: opts.Workers}}
+	if err := fed.SetupWithManager(ctx, mgr, inv); err != nil {
 		return err
 	}
 	return local.Add(r.OrphanCollector(opts.OrphanInterval))

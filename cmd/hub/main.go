@@ -4,15 +4,13 @@ package main
 import (
 	"flag"
 	"os"
-	"strings"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	"github.com/fleetinfer/fleetinfer/hub"
-	"github.com/fleetinfer/fleetinfer/hub/peers"
+	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
 	"github.com/fleetinfer/fleetinfer/internal/managerflags"
 )
 
@@ -25,10 +23,9 @@ func main() {
 	flag.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "How often each spoke's API server is probed.")
 	flag.DurationVar(&opts.OrphanInterval, "orphan-collection-interval", 30*time.Second, "How often spokes are swept for copies no hub object accounts for.")
 	flag.StringVar(&opts.FederationCASecret, "federation-ca-secret", "fleetinfer-federation-ca", "Secret in --cluster-namespace holding the CA (tls.crt, tls.key) that signs endpoint pickers' federation certificates; created when missing.")
-	flag.DurationVar(&opts.FederationCAOverlap, "federation-ca-rotation-overlap", peers.DefaultOverlap, "When the CA in --federation-ca-secret is replaced: how long pickers trust both CAs before their certificates are re-signed by the new one, and again before the old CA is dropped. Longer than a Secret takes to reach a picker's files.")
+	flag.DurationVar(&opts.FederationCAOverlap, "federation-ca-rotation-overlap", ca.DefaultOverlap, "When the CA in --federation-ca-secret is replaced: how long pickers trust both CAs before their certificates are re-signed by the new one, and again before the old CA is dropped. Longer than a Secret takes to reach a picker's files.")
 	flag.StringVar(&opts.TrustDomain, "federation-trust-domain", "fleetinfer.io", "SPIFFE trust domain of endpoint-picker identities (spiffe://<domain>/cluster/<c>/ns/<ns>/llminferenceservice/<name>).")
 	flag.IntVar(&opts.Workers, "concurrent-service-syncs", 8, "Services reconciled at once by each hub controller.")
-	gateway := flag.String("spoke-gateway", "fleetinfer-system/inference-gateway", "namespace/name of each spoke's inference Gateway, whose address peers use in Parent mode.")
 	var po hub.ProviderOptions
 	flag.StringVar(&po.Kind, "cluster-provider", hub.ProviderKubeconfig, "How the hub finds its spokes in --cluster-namespace: kubeconfig (Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true) or clusterprofile (Cluster Inventory API ClusterProfiles).")
 	flag.StringVar(&po.Consumer, "clusterprofile-consumer", "fleetinfer-hub", "With --cluster-provider=clusterprofile: the consumer name of the kubeconfig Secrets (label x-k8s.io/cluster-inventory-consumer) the hub reads for profiles it has no access provider for.")
@@ -36,13 +33,6 @@ func main() {
 	flag.Parse()
 	log := mf.Logger()
 	ctrl.SetLogger(log)
-
-	ns, name, ok := strings.Cut(*gateway, "/")
-	if !ok || ns == "" || name == "" {
-		log.Error(nil, "--spoke-gateway must be namespace/name", "value", *gateway)
-		os.Exit(2)
-	}
-	opts.Gateway = client.ObjectKey{Namespace: ns, Name: name}
 
 	ctx := ctrl.SetupSignalHandler()
 	po.Namespace = opts.Namespace

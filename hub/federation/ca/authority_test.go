@@ -1,4 +1,4 @@
-package peers
+package ca
 
 import (
 	"context"
@@ -52,14 +52,14 @@ func TestAuthorityCreatesItsCAOnceAndIssuesCertificatesItRecognises(t *testing.T
 	if err := env.Client.Get(ctx, key, ca); err != nil {
 		t.Fatalf("the CA Secret was not created: %v", err)
 	}
-	if ca.Type != corev1.SecretTypeTLS || string(ca.Data[corev1.TLSCertKey]) != string(got.ca) {
+	if ca.Type != corev1.SecretTypeTLS || string(ca.Data[corev1.TLSCertKey]) != string(got.Bundle) {
 		t.Errorf("CA Secret type %s; its certificate is not the bundle issued with the leaf", ca.Type)
 	}
 
 	// The leaf chains to the CA, names the identity and serves both ends.
 	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(got.ca)
-	l := leaf(t, got.cert)
+	roots.AppendCertsFromPEM(got.Bundle)
+	l := leaf(t, got.Cert)
 	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
 		if _, err := l.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
 			t.Errorf("leaf does not verify for %v: %v", usage, err)
@@ -71,11 +71,11 @@ func TestAuthorityCreatesItsCAOnceAndIssuesCertificatesItRecognises(t *testing.T
 
 	// A second hub replica uses the same CA rather than making its own.
 	b := &Authority{Client: env.Client, Secret: key}
-	v, err := b.Check(ctx, id, got.cert)
-	if err != nil || !v.KeepLeaf || !v.Recheck.Equal(got.recheck) || string(v.Bundle) != string(got.ca) {
-		t.Errorf("Check on a fresh certificate = %+v, %v; want kept until %v with the CA as bundle", v, err, got.recheck)
+	v, err := b.Check(ctx, id, got.Cert)
+	if err != nil || !v.KeepLeaf || !v.Recheck.Equal(got.Recheck) || string(v.Bundle) != string(got.Bundle) {
+		t.Errorf("Check on a fresh certificate = %+v, %v; want kept until %v with the CA as bundle", v, err, got.Recheck)
 	}
-	if v, _ := b.Check(ctx, strings.Replace(id, "east", "west", 1), got.cert); v.KeepLeaf {
+	if v, _ := b.Check(ctx, strings.Replace(id, "east", "west", 1), got.Cert); v.KeepLeaf {
 		t.Error("a certificate for east is kept for west")
 	}
 	if v, _ := b.Check(ctx, id, []byte("not PEM")); v.KeepLeaf {
@@ -136,7 +136,7 @@ func TestAuthorityRotatesTheCAWithAnOverlap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldCA := oldEast.ca
+	oldCA := oldEast.Bundle
 
 	rotatedAt := clock
 	newCA := replaceCA(t, key)
@@ -145,7 +145,7 @@ func TestAuthorityRotatesTheCAWithAnOverlap(t *testing.T) {
 	// issued now is signed by the new CA and verifies against the bundle the
 	// old leaf's holder gets, and the old leaf against the new holder's.
 	testutil.Eventually(t, 10*time.Second, "the bundle grows to both CAs", func(ctx context.Context) error {
-		if v, err = a.Check(ctx, east, oldEast.cert); err != nil || string(v.Bundle) != string(newCA)+string(oldCA) {
+		if v, err = a.Check(ctx, east, oldEast.Cert); err != nil || string(v.Bundle) != string(newCA)+string(oldCA) {
 			return fmt.Errorf("verdict %+v, %v", v, err)
 		}
 		return nil
@@ -157,7 +157,7 @@ func TestAuthorityRotatesTheCAWithAnOverlap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !verifies(t, newWest.cert, v.Bundle) || !verifies(t, oldEast.cert, newWest.ca) || verifies(t, newWest.cert, oldCA) {
+	if !verifies(t, newWest.Cert, v.Bundle) || !verifies(t, oldEast.Cert, newWest.Bundle) || verifies(t, newWest.Cert, oldCA) {
 		t.Fatal("phase 1: the new leaf is not signed by the new CA, or either leaf does not verify against the bundle")
 	}
 
@@ -165,17 +165,17 @@ func TestAuthorityRotatesTheCAWithAnOverlap(t *testing.T) {
 	clock = rotatedAt.Add(overlap + time.Second)
 	a = newAuthority()
 	// Phase 2: leaves of the old CA are re-signed; the bundle keeps both.
-	v, err = a.Check(ctx, east, oldEast.cert)
+	v, err = a.Check(ctx, east, oldEast.Cert)
 	if err != nil || v.KeepLeaf || string(v.Bundle) != string(newCA)+string(oldCA) {
 		t.Fatalf("phase 2: %+v, %v; want the old leaf replaced, both CAs trusted", v, err)
 	}
-	if v, _ := a.Check(ctx, west, newWest.cert); !v.KeepLeaf || !v.Recheck.Equal(rotatedAt.Add(2*overlap)) {
+	if v, _ := a.Check(ctx, west, newWest.Cert); !v.KeepLeaf || !v.Recheck.Equal(rotatedAt.Add(2*overlap)) {
 		t.Fatalf("phase 2: a leaf of the new CA %+v; want kept, rechecked at %v", v, rotatedAt.Add(2*overlap))
 	}
 
 	// Done: only the new CA is trusted.
 	clock = rotatedAt.Add(2*overlap + time.Second)
-	v, err = a.Check(ctx, west, newWest.cert)
+	v, err = a.Check(ctx, west, newWest.Cert)
 	if err != nil || !v.KeepLeaf || string(v.Bundle) != string(newCA) {
 		t.Fatalf("after the rotation: %+v, %v; want the new leaf kept and the new CA alone", v, err)
 	}
@@ -191,7 +191,7 @@ func TestAuthorityRefusesACASecretThatHoldsNoCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, data := range map[string]map[string][]byte{
-		"leaf":    {corev1.TLSCertKey: l.cert, corev1.TLSPrivateKeyKey: l.key},
+		"leaf":    {corev1.TLSCertKey: l.Cert, corev1.TLSPrivateKeyKey: l.Key},
 		"garbage": {corev1.TLSCertKey: []byte("x"), corev1.TLSPrivateKeyKey: []byte("y")},
 	} {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Type: corev1.SecretTypeOpaque, Data: data}

@@ -1,4 +1,7 @@
-package peers
+// Package ca is the hub's federation certificate authority: it signs the
+// mTLS certificate of every federated endpoint picker and rotates its own CA
+// without breaking the streams between pickers (Authority).
+package ca
 
 import (
 	"bytes"
@@ -258,17 +261,19 @@ func (a *Authority) create(ctx context.Context) (*corev1.Secret, error) {
 	return s, nil
 }
 
-// issued is a certificate the authority signed.
-type issued struct {
-	cert, key, ca []byte
-	// recheck is when the certificate is due for renewal, or earlier when
+// Issued is a certificate the authority signed.
+type Issued struct {
+	// Cert and Key are the PEM certificate and its PKCS#8 key; Bundle is
+	// the trust bundle the holder verifies its peers against.
+	Cert, Key, Bundle []byte
+	// Recheck is when the certificate is due for renewal, or earlier when
 	// a rotation's phase ends.
-	recheck time.Time
+	Recheck time.Time
 }
 
 // Issue signs a new certificate for identity (a URI such as a SPIFFE ID),
-// usable for both ends of a federation stream; its ca is the trust bundle.
-func (a *Authority) Issue(ctx context.Context, identity string) (*issued, error) {
+// usable for both ends of a federation stream.
+func (a *Authority) Issue(ctx context.Context, identity string) (*Issued, error) {
 	st, err := a.load(ctx)
 	if err != nil {
 		return nil, err
@@ -297,7 +302,7 @@ func (a *Authority) Issue(ctx context.Context, identity string) (*issued, error)
 		return nil, err
 	}
 	ph := st.at(a.clock(), a.overlap())
-	return &issued{cert: certPEM, key: keyPEM, ca: ph.bundle, recheck: earliest(tmpl.NotAfter.Truncate(time.Second).Add(-renewBefore), ph.next)}, nil
+	return &Issued{Cert: certPEM, Key: keyPEM, Bundle: ph.bundle, Recheck: earliest(tmpl.NotAfter.Truncate(time.Second).Add(-renewBefore), ph.next)}, nil
 }
 
 // Verdict is what a picker's certificate Secret needs.

@@ -1,16 +1,14 @@
-package peers
+package federation
 
 import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
@@ -18,54 +16,40 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
-// SpokeCache limits what the hub caches of a spoke's pods, ConfigMaps and
-// Secrets to what it needs: endpoint-picker pods and what it published.
-// Without it the first read would start an informer over all of them.
+// SpokeCache limits what the hub caches of a spoke's ConfigMaps and Secrets
+// to what it published. Without it the first read would start an informer
+// over all of them.
 func SpokeCache() map[client.Object]cache.ByObject {
-	picker, _ := labels.NewRequirement(labelComponent, selection.Equals, []string{SchedulerComponent})
-	ours, _ := labels.NewRequirement(fleetv1alpha1.ManagedByLabel, selection.Equals, []string{fleetv1alpha1.ManagedByHub})
+	ours := labels.SelectorFromSet(fleetv1alpha1.ManagedByHubLabels())
 	return map[client.Object]cache.ByObject{
-		&corev1.Pod{}:       {Label: labels.NewSelector().Add(*picker)},
-		&corev1.ConfigMap{}: {Label: labels.NewSelector().Add(*ours)},
-		&corev1.Secret{}:    {Label: labels.NewSelector().Add(*ours)},
+		&corev1.ConfigMap{}: {Label: ours},
+		&corev1.Secret{}:    {Label: ours},
 	}
 }
 
 // SetupWithManager registers the reconciler. A service is reconciled when it
-// or its copies change, when a picker pod or a published object changes,
-// when a spoke's gateway or the CA changes, and when clusters come and go.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
+// or its copies change (a copy's status carries its picker's and gateway's
+// addresses), when a published object changes, when the CA changes, and
+// when inv reports clusters coming, going, failing or recovering.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
 	return mcbuilder.ControllerManagedBy(mgr).
-		Named("hub-federation-peers").
+		Named("hub-federation").
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{MaxConcurrentReconciles: r.Opts.Workers}).
 		For(&v1alpha2.LLMInferenceService{}, watch.ForHub...).
 		Watches(&v1alpha2.LLMInferenceService{}, watch.ToOrigin, watch.OnSpokes...).
-		Watches(&corev1.Pod{}, watch.Map(toService), watch.OnSpokes...).
 		Watches(&corev1.ConfigMap{}, watch.Map(toOwner), watch.OnSpokes...).
 		Watches(&corev1.Secret{}, watch.Map(toOwner), watch.OnSpokes...).
-		Watches(&gwapiv1.Gateway{}, watch.Map(r.allServices), append(watch.OnSpokes,
-			mcbuilder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-				return client.ObjectKeyFromObject(o) == r.Opts.Gateway
-			})))...).
 		Watches(&corev1.Secret{}, watch.Map(r.allServices), append(watch.OnHub,
 			mcbuilder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 				return client.ObjectKeyFromObject(o) == r.CA.Secret
 			})))...).
-		WatchesRawSource(watch.ClusterChanges(ctx, r.Inv, 0, func(ctx context.Context) []client.ObjectKey {
+		WatchesRawSource(watch.ClusterChanges(ctx, inv, 0, func(ctx context.Context) []client.ObjectKey {
 			return watch.Keys(ctx, r.Hub, &v1alpha2.LLMInferenceServiceList{}, "")
 		})).
 		Complete(r)
-}
-
-// toService maps a picker pod to the service it picks for.
-func toService(_ context.Context, o client.Object) []mcreconcile.Request {
-	l := o.GetLabels()
-	if l[labelPartOf] != partOfService || l[labelName] == "" {
-		return nil
-	}
-	return []mcreconcile.Request{watch.Request(o.GetNamespace(), l[labelName])}
 }
 
 // toOwner maps a published object to the service whose copy owns it.

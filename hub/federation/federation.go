@@ -1,0 +1,272 @@
+// Package federation federates the endpoint pickers of a placed service.
+// For each cluster that runs a copy of the service with federation on, it
+// writes next to the copy a peer directory (a ConfigMap in the format of
+// fleetv1alpha1.PeerDirectory) naming the pickers of the same service in the
+// other clusters, and an mTLS certificate for the picker's own identity (a
+// Secret) signed by the hub's federation CA (package ca). Both are owned by
+// the copy, so the spoke's garbage collector removes them with it.
+//
+// The hub reads only copies: each spoke reports on its copy's
+// status.federation where its picker's federation server listens and, for
+// Parent mode, where its gateway takes other clusters' requests. The
+// directories change as placement changes and as those addresses do.
+package federation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
+)
+
+// Reasons of the Events the reconciler records on hub services.
+const (
+	ReasonPeersUpdated      = "FederationPeersUpdated"
+	ReasonNotOurs           = "FederationObjectNotOurs"
+	ReasonGatewayUnknown    = "FederationGatewayUnknown"
+	ReasonCertificateIssued = "FederationCertificateIssued"
+	ReasonTrustUpdated      = "FederationTrustBundleUpdated"
+	ReasonUnpublished       = "FederationUnpublished"
+)
+
+var (
+	directoryPeers = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fleetinfer_hub_federation_directory_peers",
+		Help: "Peers listed in the federation peer directory of a service's endpoint picker in a cluster.",
+	}, []string{"namespace", "service", "cluster"})
+	federationWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_hub_federation_writes_total",
+		Help: "Peer directories and certificates the hub wrote into spokes, by kind.",
+	}, []string{"cluster", "kind"})
+)
+
+func init() { ctrlmetrics.Registry.MustRegister(directoryPeers, federationWrites) }
+
+// Options configure the reconciler.
+type Options struct {
+	// TrustDomain is the SPIFFE trust domain of the pickers' identities.
+	TrustDomain string
+	// Workers is how many services are reconciled at once.
+	Workers int
+}
+
+// Inventory is what the reconciler needs of the hub's cluster inventory
+// (*inventory.Inventory): the engaged clusters, sorted by name.
+type Inventory interface {
+	Clusters(ctx context.Context) []inventory.Cluster
+}
+
+// Reconciler publishes the peer directories and certificates of one hub
+// LLMInferenceService.
+type Reconciler struct {
+	Hub      client.Client
+	Inv      Inventory
+	CA       *ca.Authority
+	Recorder record.EventRecorder
+	Opts     Options
+}
+
+// member is one cluster that runs a federated copy of the service.
+type member struct {
+	cluster inventory.Cluster
+	copy    *v1alpha2.LLMInferenceService
+	// peer is how the others reach its picker; nil until the copy reports
+	// its picker's address (and, in Parent mode, its gateway's).
+	peer *fleetv1alpha1.Peer
+}
+
+// Reconcile publishes what the federation of one hub service needs.
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
+	svc := &v1alpha2.LLMInferenceService{}
+	if err := r.Hub.Get(ctx, req.NamespacedName, svc); err != nil {
+		// Gone: its copies go, and what is published goes with them.
+		if apierrors.IsNotFound(err) {
+			directoryPeers.DeletePartialMatch(prometheus.Labels{"namespace": req.Namespace, "service": req.Name})
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	members, retired := r.members(ctx, svc)
+	var errs []error
+	for _, m := range retired {
+		if m.cluster.Available() {
+			if err := r.unpublish(ctx, svc, m); err != nil {
+				errs = append(errs, fmt.Errorf("cluster %s: %w", m.cluster.Name, err))
+			}
+		}
+	}
+	var renew time.Time
+	for _, m := range members {
+		if !m.cluster.Available() {
+			continue
+		}
+		at, err := r.ensureCertificate(ctx, svc, m)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cluster %s: certificate: %w", m.cluster.Name, err))
+		} else if !at.IsZero() && (renew.IsZero() || at.Before(renew)) {
+			renew = at
+		}
+		if err := r.ensureDirectory(ctx, svc, m, members); err != nil {
+			errs = append(errs, fmt.Errorf("cluster %s: peer directory: %w", m.cluster.Name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return ctrl.Result{}, err
+	}
+	if renew.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{RequeueAfter: max(time.Until(renew), time.Second)}, nil
+}
+
+// members finds the clusters that run a federated copy of svc, sorted by
+// name so that directories are written the same way every time, and the
+// copies that do not federate (any more): federation disabled, or the
+// service stopped, which removes its picker.
+func (r *Reconciler) members(ctx context.Context, svc *v1alpha2.LLMInferenceService) (members, retired []member) {
+	for _, c := range r.Inv.Clusters(ctx) {
+		cp := &v1alpha2.LLMInferenceService{}
+		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(svc), cp); err != nil {
+			continue
+		}
+		if !fleetv1alpha1.IsManagedByHub(cp) || !cp.DeletionTimestamp.IsZero() {
+			continue
+		}
+		m := member{cluster: c, copy: cp}
+		if cp.Annotations[fleetv1alpha1.FederationClusterAnnotation] == "" || cp.Stopped() {
+			retired = append(retired, m)
+			continue
+		}
+		m.peer = r.peer(ctx, svc, c.Name, cp)
+		members = append(members, m)
+	}
+	slices.SortFunc(members, func(a, b member) int { return strings.Compare(a.cluster.Name, b.cluster.Name) })
+	return members, retired
+}
+
+// unpublish removes the peer directory and certificate the hub published
+// next to a copy that no longer federates: its picker is gone or runs
+// alone, and a certificate left behind would be a credential nobody uses.
+func (r *Reconciler) unpublish(ctx context.Context, svc *v1alpha2.LLMInferenceService, m member) error {
+	var errs []error
+	for _, o := range []client.Object{
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: fleetv1alpha1.PeerDirectoryName(svc.Name)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: fleetv1alpha1.FederationTLSName(svc.Name)}},
+	} {
+		if err := m.cluster.Client.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
+			errs = append(errs, client.IgnoreNotFound(err))
+			continue
+		}
+		if !fleetv1alpha1.IsManagedByHub(o) {
+			continue
+		}
+		err := m.cluster.Client.Delete(ctx, o, client.Preconditions{UID: ptr.To(o.GetUID())})
+		if err == nil {
+			federationWrites.WithLabelValues(m.cluster.Name, kindOf(o)).Inc()
+			r.Recorder.Eventf(svc, corev1.EventTypeNormal, ReasonUnpublished, "Removed the federation %s of the endpoint picker in cluster %s: its copy does not federate",
+				kindOf(o), m.cluster.Name)
+		}
+		errs = append(errs, client.IgnoreNotFound(err))
+	}
+	return errors.Join(errs...)
+}
+
+// childMeta labels a published object as the hub's and makes the copy its
+// owner.
+func (r *Reconciler) childMeta(m member, name string) metav1.ObjectMeta {
+	meta := metav1.ObjectMeta{
+		Namespace: m.copy.Namespace, Name: name,
+		Labels: map[string]string{v1alpha2.LabelName: m.copy.Name},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha2.GroupVersion.String(), Kind: "LLMInferenceService",
+			Name: m.copy.Name, UID: m.copy.UID, BlockOwnerDeletion: ptr.To(false)}},
+	}
+	fleetv1alpha1.MarkManagedByHub(&meta)
+	return meta
+}
+
+// apply creates want or updates the existing object through mutate, which
+// reports whether it changed anything. An object of that name the hub did
+// not create is left alone and reported.
+func apply[T client.Object](ctx context.Context, r *Reconciler, svc *v1alpha2.LLMInferenceService, m member, want T, mutate func(T) bool) (bool, error) {
+	c := m.cluster.Client
+	cur := want.DeepCopyObject().(T)
+	err := c.Get(ctx, client.ObjectKeyFromObject(want), cur)
+	if apierrors.IsNotFound(err) {
+		err = c.Create(ctx, want)
+		if apierrors.IsAlreadyExists(err) {
+			// The cache holds only what the hub labelled, and may lag what it
+			// just wrote: only the API server can tell whose this is.
+			if err := m.cluster.Reader.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
+				return false, err
+			}
+			if fleetv1alpha1.IsManagedByHub(cur) {
+				return false, fmt.Errorf("%s is not in the cache yet", kindOf(want))
+			}
+			r.notOurs(svc, m, cur)
+			return false, nil
+		}
+		if err == nil {
+			federationWrites.WithLabelValues(m.cluster.Name, kindOf(want)).Inc()
+		}
+		return err == nil, err
+	}
+	if err != nil {
+		return false, err
+	}
+	if !fleetv1alpha1.IsManagedByHub(cur) {
+		r.notOurs(svc, m, cur)
+		return false, nil
+	}
+	changed := mutate(cur)
+	if !equality.Semantic.DeepEqual(cur.GetOwnerReferences(), want.GetOwnerReferences()) {
+		// The copy was replaced: follow the new one, or its GC takes this.
+		cur.SetOwnerReferences(want.GetOwnerReferences())
+		changed = true
+	}
+	if !changed {
+		return false, nil
+	}
+	if err := c.Update(ctx, cur); err != nil {
+		return false, err
+	}
+	federationWrites.WithLabelValues(m.cluster.Name, kindOf(want)).Inc()
+	return true, nil
+}
+
+// notOurs reports an object in the way of what the hub publishes.
+func (r *Reconciler) notOurs(svc *v1alpha2.LLMInferenceService, m member, o client.Object) {
+	r.Recorder.Eventf(svc, corev1.EventTypeWarning, ReasonNotOurs, "Cluster %s has a %s %s/%s the hub did not create; the endpoint picker there cannot federate until it is removed",
+		m.cluster.Name, kindName(o), o.GetNamespace(), o.GetName())
+}
+
+func kindOf(o client.Object) string {
+	if _, ok := o.(*corev1.Secret); ok {
+		return "certificate"
+	}
+	return "directory"
+}
+
+func kindName(o client.Object) string {
+	if _, ok := o.(*corev1.Secret); ok {
+		return "Secret"
+	}
+	return "ConfigMap"
+}

@@ -1,0 +1,467 @@
+package federation
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
+)
+
+const (
+	ns      = "team"
+	svcName = "llama"
+)
+
+var scheme = runtime.NewScheme()
+
+func init() {
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(v1alpha2.AddToScheme(scheme))
+}
+
+// clusters is a fixed inventory.
+type clusters []inventory.Cluster
+
+func (c clusters) Clusters(context.Context) []inventory.Cluster { return c }
+
+// spoke is one fake cluster. Its Client sees ConfigMaps and Secrets only
+// when the hub labelled them, as the hub's cache of a spoke does; its
+// Reader sees everything, as the API server does. writes records every
+// write through Client.
+type spoke struct {
+	name   string
+	api    client.WithWatch
+	writes []string
+}
+
+func newSpoke(t *testing.T, name string, objs ...client.Object) *spoke {
+	t.Helper()
+	return &spoke{name: name, api: fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()}
+}
+
+func (s *spoke) cluster() inventory.Cluster {
+	record := func(verb string, o client.Object) {
+		s.writes = append(s.writes, fmt.Sprintf("%s %T", verb, o))
+	}
+	cached := interceptor.NewClient(s.api, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+			if err := c.Get(ctx, key, o, opts...); err != nil {
+				return err
+			}
+			switch o.(type) {
+			case *corev1.ConfigMap, *corev1.Secret:
+				if !fleetv1alpha1.IsManagedByHub(o) {
+					return apierrors.NewNotFound(schema.GroupResource{Resource: fmt.Sprintf("%T", o)}, key.Name)
+				}
+			}
+			return nil
+		},
+		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+			record("create", o)
+			return c.Create(ctx, o, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
+			record("update", o)
+			return c.Update(ctx, o, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
+			record("patch", o)
+			return c.Patch(ctx, o, p, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
+			record("delete", o)
+			return c.Delete(ctx, o, opts...)
+		},
+	})
+	return inventory.Cluster{Name: s.name, Client: cached, Reader: s.api}
+}
+
+// copyOf is the hub's copy of the service in a cluster, federated in mode,
+// reporting st.
+func copyOf(cluster string, mode fleetv1alpha1.FederationMode, st *v1alpha2.FederationStatus) *v1alpha2.LLMInferenceService {
+	cp := &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svcName, UID: types.UID(cluster + "-copy"),
+		Annotations: map[string]string{fleetv1alpha1.FederationClusterAnnotation: cluster, fleetv1alpha1.FederationModeAnnotation: string(mode)}}}
+	fleetv1alpha1.MarkManagedByHub(cp)
+	cp.Status.Federation = st
+	return cp
+}
+
+func reports(picker, gateway string) *v1alpha2.FederationStatus {
+	return &v1alpha2.FederationStatus{PickerAddress: picker, GatewayAddress: gateway}
+}
+
+// fixture is a hub with one service and the spokes that may run it.
+type fixture struct {
+	r      *Reconciler
+	spokes map[string]*spoke
+	events *record.FakeRecorder
+}
+
+func newFixture(t *testing.T, spokes ...*spoke) *fixture {
+	t.Helper()
+	svc := &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svcName, UID: "hub"}}
+	hub := fake.NewClientBuilder().WithScheme(scheme).WithObjects(svc).Build()
+	f := &fixture{spokes: map[string]*spoke{}, events: record.NewFakeRecorder(1000)}
+	var inv clusters
+	for _, s := range spokes {
+		f.spokes[s.name] = s
+		inv = append(inv, s.cluster())
+	}
+	f.r = &Reconciler{Hub: hub, Inv: inv, Recorder: f.events, Opts: Options{TrustDomain: "fleetinfer.io"},
+		CA: &ca.Authority{Client: hub, Reader: hub, Secret: client.ObjectKey{Namespace: "fleetinfer-system", Name: "federation-ca"}}}
+	return f
+}
+
+// reconcile runs one reconcile and returns the Events it recorded.
+func (f *fixture) reconcile(t *testing.T) []string {
+	t.Helper()
+	req := mcreconcile.Request{Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: svcName}}}
+	if _, err := f.r.Reconcile(context.Background(), req); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	var events []string
+	for len(f.events.Events) > 0 {
+		events = append(events, <-f.events.Events)
+	}
+	return events
+}
+
+// clearWrites forgets the writes so far.
+func (f *fixture) clearWrites() {
+	for _, s := range f.spokes {
+		s.writes = nil
+	}
+}
+
+// directory is what the hub published for the picker in cluster, one line
+// per peer, or nil when there is no directory.
+func (f *fixture) directory(t *testing.T, cluster string) []string {
+	t.Helper()
+	cm := &corev1.ConfigMap{}
+	err := f.spokes[cluster].api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svcName)}, cm)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fleetv1alpha1.IsManagedByHub(cm) || cm.Labels[v1alpha2.LabelName] != svcName || len(cm.OwnerReferences) != 1 || cm.OwnerReferences[0].UID != types.UID(cluster+"-copy") {
+		t.Errorf("%s: directory labels %v, owners %v; want the hub's, owned by the copy", cluster, cm.Labels, cm.OwnerReferences)
+	}
+	d, err := fleetv1alpha1.ParsePeerDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
+	if err != nil {
+		t.Fatalf("%s: %v", cluster, err)
+	}
+	lines := []string{}
+	for _, p := range d.Peers {
+		if want := f.r.identity(p.Cluster, &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svcName}}); p.Identity != want {
+			t.Errorf("%s lists %s as %s, want %s", cluster, p.Cluster, p.Identity, want)
+		}
+		lines = append(lines, strings.TrimSpace(fmt.Sprintf("%s %s %s %s", p.Cluster, p.FederationAddress, p.GatewayAddress, p.Mode)))
+	}
+	return lines
+}
+
+// certified reports whether cluster holds a certificate from the hub for its
+// picker's identity.
+func (f *fixture) certified(t *testing.T, cluster string) bool {
+	t.Helper()
+	s := &corev1.Secret{}
+	err := f.spokes[cluster].api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.FederationTLSName(svcName)}, s)
+	if apierrors.IsNotFound(err) {
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := pem.Decode(s.Data[corev1.TLSCertKey])
+	if b == nil || !fleetv1alpha1.IsManagedByHub(s) || len(s.Data[corev1.ServiceAccountRootCAKey]) == 0 {
+		t.Fatalf("%s: certificate Secret %v is not the hub's", cluster, s.Labels)
+	}
+	leaf, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("spiffe://fleetinfer.io/cluster/%s/ns/%s/llminferenceservice/%s", cluster, ns, svcName)
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != want {
+		t.Errorf("%s: certificate names %v, want %s", cluster, leaf.URIs, want)
+	}
+	return true
+}
+
+// check compares every cluster's directory with want; a cluster missing
+// from want has neither directory nor certificate.
+func (f *fixture) check(t *testing.T, want map[string][]string) {
+	t.Helper()
+	for name := range f.spokes {
+		got, certified := f.directory(t, name), f.certified(t, name)
+		w, member := want[name]
+		switch {
+		case !member && (got != nil || certified):
+			t.Errorf("%s: directory %q, certificate %v; want neither", name, got, certified)
+		case member && (!slices.Equal(got, w) || !certified):
+			t.Errorf("%s: directory %q, certificate %v; want %q and a certificate", name, got, certified, w)
+		}
+	}
+}
+
+func hasEvent(events []string, parts ...string) bool {
+	return slices.ContainsFunc(events, func(e string) bool {
+		for _, p := range parts {
+			if !strings.Contains(e, p) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestDirectoriesListWhatTheOtherCopiesReport(t *testing.T) {
+	const endpoint, parent = fleetv1alpha1.FederationEndpoint, fleetv1alpha1.FederationParent
+	notOurs := copyOf("central", endpoint, reports("10.0.3.1:9004", ""))
+	notOurs.Labels = nil
+	noFederation := copyOf("central", endpoint, reports("10.0.3.1:9004", ""))
+	delete(noFederation.Annotations, fleetv1alpha1.FederationClusterAnnotation)
+	cases := []struct {
+		name   string
+		copies []*v1alpha2.LLMInferenceService
+		want   map[string][]string
+		// events must each be recorded (every part of one Event).
+		events [][]string
+	}{{
+		name: "every copy reports its picker",
+		copies: []*v1alpha2.LLMInferenceService{
+			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+			copyOf("west", endpoint, reports("10.0.2.1:9004", "192.0.2.2:15080")),
+			copyOf("central", endpoint, reports("[fd00::3]:9004", "")),
+		},
+		want: map[string][]string{
+			"east":    {"central [fd00::3]:9004  Endpoint", "west 10.0.2.1:9004 192.0.2.2:15080 Endpoint"},
+			"west":    {"central [fd00::3]:9004  Endpoint", "east 10.0.1.1:9004  Endpoint"},
+			"central": {"east 10.0.1.1:9004  Endpoint", "west 10.0.2.1:9004 192.0.2.2:15080 Endpoint"},
+		},
+		events: [][]string{{"Normal", ReasonPeersUpdated, "east lists 2 peers: central, west"}},
+	}, {
+		name: "a copy that reports no picker yet gets its directory and is in nobody's",
+		copies: []*v1alpha2.LLMInferenceService{
+			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+			copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
+			copyOf("central", endpoint, nil),
+		},
+		want: map[string][]string{
+			"east":    {"west 10.0.2.1:9004  Endpoint"},
+			"west":    {"east 10.0.1.1:9004  Endpoint"},
+			"central": {"east 10.0.1.1:9004  Endpoint", "west 10.0.2.1:9004  Endpoint"},
+		},
+	}, {
+		name: "Parent mode leaves out a copy that reports no gateway address",
+		copies: []*v1alpha2.LLMInferenceService{
+			copyOf("east", parent, reports("10.0.1.1:9004", "192.0.2.1:15080")),
+			copyOf("west", parent, reports("10.0.2.1:9004", "192.0.2.2:15080")),
+			copyOf("central", parent, reports("10.0.3.1:9004", "")),
+		},
+		want: map[string][]string{
+			"east":    {"west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+			"west":    {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
+			"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+		},
+		events: [][]string{{"Warning", ReasonGatewayUnknown, "Cluster central", "its copy does not report"}},
+	}, {
+		name: "an address that does not parse is left out",
+		copies: []*v1alpha2.LLMInferenceService{
+			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+			copyOf("west", endpoint, reports("10.0.2.1", "")),
+		},
+		want: map[string][]string{
+			"east": {},
+			"west": {"east 10.0.1.1:9004  Endpoint"},
+		},
+	}, {
+		name: "a copy without federation gets nothing and is in nobody's",
+		copies: []*v1alpha2.LLMInferenceService{
+			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+			copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
+			noFederation,
+		},
+		want: map[string][]string{
+			"east": {"west 10.0.2.1:9004  Endpoint"},
+			"west": {"east 10.0.1.1:9004  Endpoint"},
+		},
+	}, {
+		name: "a service of the same name the hub did not place is no member",
+		copies: []*v1alpha2.LLMInferenceService{
+			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+			copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
+			notOurs,
+		},
+		want: map[string][]string{
+			"east": {"west 10.0.2.1:9004  Endpoint"},
+			"west": {"east 10.0.1.1:9004  Endpoint"},
+		},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spokes := []*spoke{newSpoke(t, "east"), newSpoke(t, "west"), newSpoke(t, "central")}
+			for i, cp := range tc.copies {
+				spokes[i] = newSpoke(t, spokes[i].name, cp)
+			}
+			f := newFixture(t, spokes...)
+			events := f.reconcile(t)
+			f.check(t, tc.want)
+			for _, e := range tc.events {
+				if !hasEvent(events, e...) {
+					t.Errorf("no Event with %q in %q", e, events)
+				}
+			}
+		})
+	}
+}
+
+// setCopy changes the copy in cluster through the API, as its spoke would.
+func (f *fixture) setCopy(t *testing.T, cluster string, change func(*v1alpha2.LLMInferenceService)) {
+	t.Helper()
+	api := f.spokes[cluster].api
+	cp := &v1alpha2.LLMInferenceService{}
+	if err := api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: svcName}, cp); err != nil {
+		t.Fatal(err)
+	}
+	change(cp)
+	if err := api.Update(context.Background(), cp); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func threeReporting(t *testing.T) *fixture {
+	t.Helper()
+	return newFixture(t,
+		newSpoke(t, "east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.0.1.1:9004", ""))),
+		newSpoke(t, "west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.0.2.1:9004", ""))),
+		newSpoke(t, "central", copyOf("central", fleetv1alpha1.FederationEndpoint, reports("10.0.3.1:9004", ""))))
+}
+
+func TestAPickerMovingRewritesOnlyTheOtherDirectories(t *testing.T) {
+	f := threeReporting(t)
+	f.reconcile(t)
+	f.clearWrites()
+
+	if events := f.reconcile(t); len(events) > 0 {
+		t.Errorf("nothing changed, yet Events %q", events)
+	}
+	for name, s := range f.spokes {
+		if len(s.writes) > 0 {
+			t.Errorf("nothing changed, yet %s got %q", name, s.writes)
+		}
+	}
+
+	f.setCopy(t, "east", func(cp *v1alpha2.LLMInferenceService) { cp.Status.Federation.PickerAddress = "10.0.1.9:9004" })
+	f.clearWrites()
+	events := f.reconcile(t)
+	f.check(t, map[string][]string{
+		"east":    {"central 10.0.3.1:9004  Endpoint", "west 10.0.2.1:9004  Endpoint"},
+		"west":    {"central 10.0.3.1:9004  Endpoint", "east 10.0.1.9:9004  Endpoint"},
+		"central": {"east 10.0.1.9:9004  Endpoint", "west 10.0.2.1:9004  Endpoint"},
+	})
+	want := map[string][]string{"east": nil, "west": {"update *v1.ConfigMap"}, "central": {"update *v1.ConfigMap"}}
+	for name, s := range f.spokes {
+		if !slices.Equal(s.writes, want[name]) {
+			t.Errorf("%s got %q, want %q", name, s.writes, want[name])
+		}
+	}
+	if !hasEvent(events, ReasonPeersUpdated, "west") || !hasEvent(events, ReasonPeersUpdated, "central") || hasEvent(events, ReasonPeersUpdated, "cluster east") {
+		t.Errorf("Events %q; want west's and central's directories updated, not east's", events)
+	}
+}
+
+func TestACopyThatStopsFederatingLosesItsDirectoryAndCertificate(t *testing.T) {
+	f := threeReporting(t)
+	f.reconcile(t)
+
+	// Stopping the service removes its picker.
+	f.setCopy(t, "west", func(cp *v1alpha2.LLMInferenceService) { cp.Annotations[v1alpha2.StopAnnotation] = "true" })
+	events := f.reconcile(t)
+	f.check(t, map[string][]string{
+		"east":    {"central 10.0.3.1:9004  Endpoint"},
+		"central": {"east 10.0.1.1:9004  Endpoint"},
+	})
+	for _, kind := range []string{"directory", "certificate"} {
+		if !hasEvent(events, "Normal", ReasonUnpublished, kind, "cluster west") {
+			t.Errorf("no Event for west's %s in %q", kind, events)
+		}
+	}
+
+	// So does a placement that turns federation off.
+	f.setCopy(t, "central", func(cp *v1alpha2.LLMInferenceService) {
+		delete(cp.Annotations, fleetv1alpha1.FederationClusterAnnotation)
+	})
+	f.reconcile(t)
+	f.check(t, map[string][]string{"east": {}})
+
+	// Once gone, nothing is left to remove.
+	f.clearWrites()
+	f.reconcile(t)
+	for name, s := range f.spokes {
+		if len(s.writes) > 0 {
+			t.Errorf("%s got %q after everything was removed", name, s.writes)
+		}
+	}
+}
+
+func TestAnObjectTheHubDidNotCreateIsLeftAloneAndReported(t *testing.T) {
+	mine := func() *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svcName)},
+			Data: map[string]string{fleetv1alpha1.PeerDirectoryKey: "peers: []\n"}}
+	}
+	f := newFixture(t,
+		newSpoke(t, "east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.0.1.1:9004", "")), mine()),
+		newSpoke(t, "west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.0.2.1:9004", ""))))
+	unchanged := func() {
+		t.Helper()
+		cm := &corev1.ConfigMap{}
+		if err := f.spokes["east"].api.Get(context.Background(), client.ObjectKeyFromObject(mine()), cm); err != nil {
+			t.Fatalf("east's own ConfigMap: %v", err)
+		}
+		if fleetv1alpha1.IsManagedByHub(cm) || cm.Data[fleetv1alpha1.PeerDirectoryKey] != "peers: []\n" || len(cm.OwnerReferences) > 0 {
+			t.Errorf("east's own ConfigMap was changed: %+v", cm)
+		}
+	}
+
+	events := f.reconcile(t)
+	unchanged()
+	if !hasEvent(events, "Warning", ReasonNotOurs, "Cluster east", "ConfigMap "+ns+"/"+fleetv1alpha1.PeerDirectoryName(svcName)) {
+		t.Errorf("no Event reports east's ConfigMap in %q", events)
+	}
+	if !f.certified(t, "east") || !slices.Equal(f.directory(t, "west"), []string{"east 10.0.1.1:9004  Endpoint"}) {
+		t.Error("east's picker should still get its certificate and be listed in west's directory")
+	}
+
+	// Nor is it removed when east's copy stops federating.
+	f.setCopy(t, "east", func(cp *v1alpha2.LLMInferenceService) { cp.Annotations[v1alpha2.StopAnnotation] = "true" })
+	f.reconcile(t)
+	unchanged()
+	if f.certified(t, "east") {
+		t.Error("east's certificate should be gone")
+	}
+}
