@@ -36,7 +36,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated fuzz bench bench-epp bench-hub bench-routing clean help
+.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
 
 all: build
 
@@ -83,7 +83,7 @@ $(PROTOGEN):
 build: ## Build fleetinfer's binaries into bin/.
 	go build -o $(BIN)/ ./cmd/...
 
-test: tools build vet verify-generated fuzz ## Build everything and run every test.
+test: tools build vet verify-generated verify-layering fuzz ## Build everything and run every test.
 	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
 
 bench: bench-epp bench-hub bench-routing ## Run the benchmarks; results in bench/results/.
@@ -126,6 +126,9 @@ fuzz: ## Run each fuzz test for FUZZTIME (default 5s) on top of its committed co
 
 verify-generated: ## Fail when `make manifests generate` would change a file.
 	hack/verify-generated.sh
+
+verify-layering: ## Fail when hub, spoke and picker depend on each other instead of apis/ and internal packages, or e2e/ holds more than tests.
+	hack/verify-layering.sh
 
 clean: ## Remove fleetinfer's binaries (keeps the pinned tools).
 	rm -f $(addprefix $(BIN)/,epp gie-epp hub spoke localfleet)
