@@ -69,6 +69,7 @@ func (r *Reconciler) reconcileRouter(ctx context.Context, svc *v1alpha2.LLMInfer
 	routesReadiness(st, rt)
 	poolReadiness(svc, rt)
 	r.routerStatus(ctx, svc, s, rt)
+	errs = append(errs, r.reportFederation(ctx, svc, rt))
 	if router == nil {
 		st.Router = nil
 	}

@@ -42,10 +42,14 @@ func detectAPIs(m meta.RESTMapper) availableAPIs {
 }
 
 // SetupWithManager registers the reconciler: it owns every namespaced child
-// and maps changes of configs, referenced routes, pools, Gateways and
-// scheduler ConfigMaps to the services that use them.
+// and maps changes of configs, referenced routes, pools, Gateways, scheduler
+// ConfigMaps and endpoint-picker pods to the services that use them.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.apis = detectAPIs(mgr.GetRESTMapper())
+	pickers, err := r.watchPickers(mgr)
+	if err != nil {
+		return err
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("llminferenceservice").
 		For(&v1alpha2.LLMInferenceService{}).
@@ -55,7 +59,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&rbacv1.Role{}).
 		Owns(&rbacv1.RoleBinding{}).
 		Watches(&v1alpha2.LLMInferenceServiceConfig{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfig)).
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfigMap), builder.OnlyMetadata)
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfigMap), builder.OnlyMetadata).
+		WatchesRawSource(pickers)
 	if r.apis.lws {
 		b = b.Owns(&lwsv1.LeaderWorkerSet{}).
 			Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.serviceOfGroup))
