@@ -82,7 +82,7 @@ func federates(svc *v1alpha2.LLMInferenceService) bool {
 
 // reportFederation sets status.federation of a copy that federates: where
 // other clusters reach its endpoint picker's federation server and, in
-// Parent mode, its Gateway; each "" while unknown. The hub publishes both in
+// Parent mode, its Gateway (peerGateway); each "" while unknown. The hub publishes both in
 // the peer directories. A copy that does not federate has none. When the
 // picker's pods cannot be read the previous value stays.
 func (r *Reconciler) reportFederation(ctx context.Context, svc *v1alpha2.LLMInferenceService, rt *routing) error {
@@ -98,9 +98,9 @@ func (r *Reconciler) reportFederation(ctx context.Context, svc *v1alpha2.LLMInfe
 		}
 		fs.PickerAddress = pickerAddress(pods.Items)
 	}
-	if len(rt.gateways) > 0 && r.apis.gateway {
+	if k := r.peerGateway(rt); k.Name != "" && r.apis.gateway {
 		gw := &gwapiv1.Gateway{}
-		err := r.Get(ctx, rt.gateways[0], gw)
+		err := r.Get(ctx, k, gw)
 		if client.IgnoreNotFound(err) != nil {
 			return err
 		}
@@ -110,6 +110,17 @@ func (r *Reconciler) reportFederation(ctx context.Context, svc *v1alpha2.LLMInfe
 	}
 	svc.Status.Federation = fs
 	return nil
+}
+
+// peerGateway is the Gateway that receives the service's requests from
+// other clusters: the first one the service routes through, else the
+// cluster's default Gateway (--default-gateway), which serves pools that no
+// route names.
+func (r *Reconciler) peerGateway(rt *routing) client.ObjectKey {
+	if len(rt.gateways) > 0 {
+		return rt.gateways[0]
+	}
+	return client.ObjectKey{Namespace: r.opts.Global.IngressGatewayNamespace, Name: r.opts.Global.IngressGatewayName}
 }
 
 // pickerLabels select the pods of a service's endpoint picker.

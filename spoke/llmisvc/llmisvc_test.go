@@ -830,3 +830,27 @@ spec:
 	})
 	federation(nil)
 }
+
+// A federated copy that names no Gateway is reached through the cluster's
+// default one, which serves pools that no route names.
+func TestFederatedCopyWithoutRouteReportsTheDefaultGateway(t *testing.T) {
+	ns := testutil.NewNamespace(t, c)
+	programmedGateway(t, "inference-gateway")
+	service(t, ns, fmt.Sprintf(`
+metadata: {name: fed, annotations: {%q: east}}
+spec:
+  model: {uri: "hf://facebook/opt-125m"}
+  router: {scheduler: {}}
+  template: {containers: [{name: main, image: vllm/vllm-openai:v0.11.0}]}
+`, fleetv1alpha1.FederationClusterAnnotation))
+	testutil.Eventually(t, waitTimeout, "status.federation", func(ctx context.Context) error {
+		svc := &v1alpha2.LLMInferenceService{}
+		if err := c.Get(ctx, key(ns, "fed"), svc); err != nil {
+			return err
+		}
+		if want := (v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:8080"}); svc.Status.Federation == nil || *svc.Status.Federation != want {
+			return fmt.Errorf("have %+v, want %+v", svc.Status.Federation, want)
+		}
+		return nil
+	})
+}

@@ -160,9 +160,11 @@ func (r *Reconciler) servicesUsingRoute(ctx context.Context, o client.Object) []
 	})
 }
 
-// servicesWithRouter maps a Gateway to every service that routes at all;
-// Gateways change rarely and may be the default of services that do not
-// name them.
+// servicesWithRouter maps a Gateway to every service that routes at all or
+// federates (which reports its Gateway's address); Gateways change rarely
+// and may be the default of services that do not name them.
 func (r *Reconciler) servicesWithRouter(ctx context.Context, _ client.Object) []reconcile.Request {
-	return r.services(ctx, "", func(s *v1alpha2.LLMInferenceService) bool { return s.Spec.Router != nil || len(s.Spec.BaseRefs) > 0 })
+	return r.services(ctx, "", func(s *v1alpha2.LLMInferenceService) bool {
+		return s.Spec.Router != nil || len(s.Spec.BaseRefs) > 0 || federates(s)
+	})
 }
