@@ -82,9 +82,10 @@ func federates(svc *v1alpha2.LLMInferenceService) bool {
 
 // reportFederation sets status.federation of a copy that federates: where
 // other clusters reach its endpoint picker's federation server and, in
-// Parent mode, its Gateway (peerGateway); each "" while unknown. The hub publishes both in
-// the peer directories. A copy that does not federate has none. When the
-// picker's pods cannot be read the previous value stays.
+// Parent mode, its Gateway (peerGateway); each "" while unknown. The hub
+// publishes both in the peer directories. A copy that does not federate has
+// none. When the picker's pods or the Gateway cannot be read, the previous
+// value stays and the error is returned for a retry.
 func (r *Reconciler) reportFederation(ctx context.Context, svc *v1alpha2.LLMInferenceService, rt *routing) error {
 	if !federates(svc) {
 		svc.Status.Federation = nil
@@ -121,11 +122,6 @@ func (r *Reconciler) peerGateway(rt *routing) client.ObjectKey {
 		return rt.gateways[0]
 	}
 	return client.ObjectKey{Namespace: r.opts.Global.IngressGatewayNamespace, Name: r.opts.Global.IngressGatewayName}
-}
-
-// pickerLabels select the pods of a service's endpoint picker.
-func pickerLabels(svc *v1alpha2.LLMInferenceService) map[string]string {
-	return withLabels(selectorLabels(svc), v1alpha2.LabelComponent, v1alpha2.ComponentScheduler)
 }
 
 // pickerAddress is ip:port of the federation server of the first ready

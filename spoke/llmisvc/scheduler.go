@@ -50,7 +50,7 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 	var errs []error
 	pool := sch.Pool.Spec
 	rt.eppSvc = string(pool.EndpointPickerRef.Name)
-	eppLabels := withLabels(selectorLabels(svc), v1alpha2.LabelComponent, v1alpha2.ComponentScheduler)
+	eppLabels := pickerLabels(svc)
 	tmpl := sch.Template.DeepCopy()
 	if tmpl.ServiceAccountName == eppSAName(svc) {
 		errs = append(errs, r.reconcileEPPIdentity(ctx, svc, tmpl))
@@ -112,7 +112,7 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 // election) and, when its metrics endpoint authenticates callers, the
 // auth-delegator binding that lets it check their tokens.
 func (r *Reconciler) reconcileEPPIdentity(ctx context.Context, svc *v1alpha2.LLMInferenceService, tmpl *corev1.PodSpec) error {
-	labels := withLabels(selectorLabels(svc), v1alpha2.LabelComponent, v1alpha2.ComponentScheduler)
+	labels := pickerLabels(svc)
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: eppSAName(svc), Namespace: svc.Namespace, Labels: labels}}
 	read := []string{"get", "list", "watch"}
 	role := &rbacv1.Role{
