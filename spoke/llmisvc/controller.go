@@ -2,7 +2,9 @@
 // its model-server workloads (Deployment or LeaderWorkerSet, prefill
 // included), the workload Service, and the router: InferencePool, endpoint
 // picker (Deployment, Service, RBAC) and HTTPRoute. Names, labels,
-// conditions and config composition follow KServe v0.20.0.
+// conditions and config composition follow KServe v0.20.0. On a copy the
+// fleetinfer hub placed with federation on, it also federates the endpoint
+// picker and reports where other clusters reach it (status.federation).
 package llmisvc
 
 import (
@@ -45,6 +47,8 @@ type Reconciler struct {
 	// optional APIs (LeaderWorkerSet, InferencePool, Gateway API) found in
 	// the cluster at start-up.
 	apis availableAPIs
+	// pickers holds the endpoint pickers' pods (see watchPickers).
+	pickers client.Reader
 }
 
 // NewReconciler builds a reconciler.
@@ -77,6 +81,7 @@ const (
 // +kubebuilder:rbac:groups=inference.networking.k8s.io,resources=inferencepools,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=gateways,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // Reconcile brings one service's children in line with its spec and writes
 // its status once, at the end.
@@ -115,6 +120,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // rolls the sub-conditions up into WorkloadsReady, RouterReady and Ready.
 func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceService) (ctrl.Result, error) {
 	st := &svc.Status.Status
+	if !federates(svc) {
+		svc.Status.Federation = nil
+	}
 	if svc.Stopped() {
 		err := r.teardown(ctx, svc)
 		svc.Status.Workloads, svc.Status.Router, svc.Status.Addresses, svc.Status.URL = nil, nil, nil, nil

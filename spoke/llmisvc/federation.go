@@ -1,11 +1,24 @@
 package llmisvc
 
 import (
+	"context"
+	"net"
 	"path"
 	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
@@ -28,7 +41,7 @@ const (
 // template that configures federation itself is left alone.
 func federate(svc *v1alpha2.LLMInferenceService, pod *corev1.PodSpec, c *corev1.Container, has func(string) bool) {
 	cluster := svc.Annotations[fleetv1alpha1.FederationClusterAnnotation]
-	if cluster == "" || has("--"+fleetv1alpha1.FlagFederationPeersFile) {
+	if !federates(svc) || has("--"+fleetv1alpha1.FlagFederationPeersFile) {
 		return
 	}
 	port := int32(fleetv1alpha1.FederationPort)
@@ -60,3 +73,132 @@ func federate(svc *v1alpha2.LLMInferenceService, pod *corev1.PodSpec, c *corev1.
 
 // flag is a command-line flag as the picker parses it.
 func flag(name, value string) string { return "--" + name + "=" + value }
+
+// federates reports whether the service's endpoint picker federates: the
+// hub placed the copy with federation on, and the service is not stopped.
+func federates(svc *v1alpha2.LLMInferenceService) bool {
+	return svc.Annotations[fleetv1alpha1.FederationClusterAnnotation] != "" && !svc.Stopped()
+}
+
+// reportFederation sets status.federation of a copy that federates: where
+// other clusters reach its endpoint picker's federation server and, in
+// Parent mode, its Gateway (peerGateway); each "" while unknown. The hub
+// publishes both in the peer directories. A copy that does not federate has
+// none. When the picker's pods or the Gateway cannot be read, the previous
+// value stays and the error is returned for a retry.
+func (r *Reconciler) reportFederation(ctx context.Context, svc *v1alpha2.LLMInferenceService, rt *routing) error {
+	if !federates(svc) {
+		svc.Status.Federation = nil
+		return nil
+	}
+	fs := &v1alpha2.FederationStatus{}
+	if rt.eppSvc != "" && r.pickers != nil {
+		var pods corev1.PodList
+		if err := r.pickers.List(ctx, &pods, client.InNamespace(svc.Namespace), client.MatchingLabels(pickerLabels(svc))); err != nil {
+			return err
+		}
+		fs.PickerAddress = pickerAddress(pods.Items)
+	}
+	if k := r.peerGateway(rt); k.Name != "" && r.apis.gateway {
+		gw := &gwapiv1.Gateway{}
+		err := r.Get(ctx, k, gw)
+		if client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		if err == nil {
+			fs.GatewayAddress = gatewayPeerAddress(gw)
+		}
+	}
+	svc.Status.Federation = fs
+	return nil
+}
+
+// peerGateway is the Gateway that receives the service's requests from
+// other clusters: the first one the service routes through, else the
+// cluster's default Gateway (--default-gateway), which serves pools that no
+// route names.
+func (r *Reconciler) peerGateway(rt *routing) client.ObjectKey {
+	if len(rt.gateways) > 0 {
+		return rt.gateways[0]
+	}
+	return client.ObjectKey{Namespace: r.opts.Global.IngressGatewayNamespace, Name: r.opts.Global.IngressGatewayName}
+}
+
+// pickerAddress is ip:port of the federation server of the first ready
+// picker pod by name (with leader election only the leader is ready): its
+// container port named "federation", else the default federation port.
+func pickerAddress(pods []corev1.Pod) string {
+	pods = slices.Clone(pods)
+	slices.SortFunc(pods, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	for _, p := range pods {
+		if p.Status.PodIP == "" || !p.DeletionTimestamp.IsZero() || !podReady(&p) {
+			continue
+		}
+		port := int32(fleetv1alpha1.FederationPort)
+		for _, c := range p.Spec.Containers {
+			if i := slices.IndexFunc(c.Ports, func(cp corev1.ContainerPort) bool { return cp.Name == fleetv1alpha1.FederationPortName }); i >= 0 {
+				port = c.Ports[i].ContainerPort
+				break
+			}
+		}
+		return net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port)))
+	}
+	return ""
+}
+
+func podReady(p *corev1.Pod) bool {
+	i := slices.IndexFunc(p.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady })
+	return i >= 0 && p.Status.Conditions[i].Status == corev1.ConditionTrue
+}
+
+// gatewayPeerAddress is where other clusters' gateways forward requests to
+// this one: the Gateway's first status address with the port of its
+// GatewayPeerPortAnnotation, else of its first listener; "" while the
+// Gateway has no address.
+func gatewayPeerAddress(gw *gwapiv1.Gateway) string {
+	if len(gw.Status.Addresses) == 0 || gw.Status.Addresses[0].Value == "" {
+		return ""
+	}
+	port := 0
+	if v, ok := gw.Annotations[fleetv1alpha1.GatewayPeerPortAnnotation]; ok {
+		port, _ = strconv.Atoi(v)
+	} else if len(gw.Spec.Listeners) > 0 {
+		port = int(gw.Spec.Listeners[0].Port)
+	}
+	if port <= 0 || port > 65535 {
+		return ""
+	}
+	return net.JoinHostPort(gw.Status.Addresses[0].Value, strconv.Itoa(port))
+}
+
+// watchPickers gives the controller a cache of endpoint-picker pods, which
+// reportFederation reads, and a watch on them. The manager's cache cannot
+// serve: it keeps every pod stripped to what the capacity report reads
+// (capacity.CacheOptions), without labels, IP or conditions. This cache
+// holds only picker pods, selected by the API server, in full. Watching the
+// pods rather than the picker's Deployment catches every change of the
+// address: a leader handover between two replicas leaves the Deployment's
+// ready count, and so its status, unchanged.
+func (r *Reconciler) watchPickers(mgr ctrl.Manager) (source.Source, error) {
+	sel := labels.SelectorFromSet(labels.Set{v1alpha2.LabelPartOf: v1alpha2.PartOfValue, v1alpha2.LabelComponent: v1alpha2.ComponentScheduler})
+	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: sel}},
+		DefaultTransform: cache.TransformStripManagedFields(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(c); err != nil {
+		return nil, err
+	}
+	r.pickers = c
+	toService := handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, p *corev1.Pod) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: p.Namespace, Name: p.Labels[v1alpha2.LabelName]}}}
+	})
+	addressChanged := predicate.TypedFuncs[*corev1.Pod]{UpdateFunc: func(e event.TypedUpdateEvent[*corev1.Pod]) bool {
+		o, n := e.ObjectOld, e.ObjectNew
+		return o.Status.PodIP != n.Status.PodIP || podReady(o) != podReady(n) || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+	}}
+	return source.Kind(c, &corev1.Pod{}, toService, addressChanged), nil
+}

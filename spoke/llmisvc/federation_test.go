@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
@@ -66,6 +68,79 @@ func TestFederateWiresThePickerOnlyWhenTheHubAsks(t *testing.T) {
 				if i < 0 || c.Ports[i].ContainerPort != tc.wantPort || len(c.Ports) != 1 {
 					t.Errorf("ports %+v, want one federation port %d", c.Ports, tc.wantPort)
 				}
+			}
+		})
+	}
+}
+
+func TestPickerAddressIsTheFirstReadyPodByName(t *testing.T) {
+	ready := []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	notReady := []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+	pod := func(name, ip string, conds []corev1.PodCondition, ports ...corev1.ContainerPort) corev1.Pod {
+		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Ports: ports}}},
+			Status: corev1.PodStatus{PodIP: ip, Conditions: conds}}
+	}
+	deleting := pod("a", "127.0.1.1", ready)
+	deleting.DeletionTimestamp = ptr.To(metav1.Now())
+	fed := corev1.ContainerPort{Name: "federation", ContainerPort: 19004}
+	cases := []struct {
+		name string
+		pods []corev1.Pod
+		want string
+	}{
+		{"no pod", nil, ""},
+		{"not ready (a standby replica)", []corev1.Pod{pod("a", "127.0.1.1", notReady)}, ""},
+		{"no readiness reported", []corev1.Pod{pod("a", "127.0.1.1", nil)}, ""},
+		{"ready without an IP", []corev1.Pod{pod("a", "", ready)}, ""},
+		{"deleting", []corev1.Pod{deleting}, ""},
+		{"default port", []corev1.Pod{pod("a", "127.0.1.1", ready, corev1.ContainerPort{Name: "grpc", ContainerPort: 9002})}, "127.0.1.1:9004"},
+		{"named port", []corev1.Pod{pod("a", "127.0.1.1", ready, fed)}, "127.0.1.1:19004"},
+		{"first by name", []corev1.Pod{pod("b", "127.0.1.2", ready), pod("a", "127.0.1.1", ready)}, "127.0.1.1:9004"},
+		{"the leader, whichever its name", []corev1.Pod{pod("a", "127.0.1.1", notReady), deleting, pod("b", "127.0.1.2", ready, fed)}, "127.0.1.2:19004"},
+		{"IPv6", []corev1.Pod{pod("a", "fd00::5", ready)}, "[fd00::5]:9004"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := pickerAddress(tc.pods); got != tc.want {
+				t.Errorf("pickerAddress = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestGatewayPeerAddress(t *testing.T) {
+	gw := func(annotations map[string]string, addrs []string, ports ...gwapiv1.PortNumber) *gwapiv1.Gateway {
+		g := &gwapiv1.Gateway{ObjectMeta: metav1.ObjectMeta{Annotations: annotations}}
+		for _, p := range ports {
+			g.Spec.Listeners = append(g.Spec.Listeners, gwapiv1.Listener{Port: p})
+		}
+		for _, a := range addrs {
+			g.Status.Addresses = append(g.Status.Addresses, gwapiv1.GatewayStatusAddress{Value: a})
+		}
+		return g
+	}
+	peerPort := func(v string) map[string]string {
+		return map[string]string{fleetv1alpha1.GatewayPeerPortAnnotation: v}
+	}
+	cases := []struct {
+		name string
+		gw   *gwapiv1.Gateway
+		want string
+	}{
+		{"no address yet", gw(nil, nil, 8080), ""},
+		{"empty address", gw(nil, []string{""}, 8080), ""},
+		{"first listener's port", gw(nil, []string{"10.0.0.1", "10.0.0.2"}, 8080, 443), "10.0.0.1:8080"},
+		{"peer port annotation", gw(peerPort("15001"), []string{"10.0.0.1"}, 8080), "10.0.0.1:15001"},
+		{"invalid peer port", gw(peerPort("http"), []string{"10.0.0.1"}, 8080), ""},
+		{"peer port out of range", gw(peerPort("70000"), []string{"10.0.0.1"}, 8080), ""},
+		{"no listener", gw(nil, []string{"10.0.0.1"}), ""},
+		{"hostname", gw(nil, []string{"gw.east.example"}, 80), "gw.east.example:80"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := gatewayPeerAddress(tc.gw); got != tc.want {
+				t.Errorf("gatewayPeerAddress = %q, want %q", got, tc.want)
 			}
 		})
 	}

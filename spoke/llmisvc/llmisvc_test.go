@@ -6,10 +6,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,6 +19,7 @@ import (
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
 )
@@ -739,4 +742,115 @@ func TestForeignObjectIsNotTakenOver(t *testing.T) {
 	if foreign.Spec.Ports[0].Port != 1234 || len(foreign.OwnerReferences) != 0 {
 		t.Errorf("foreign service changed: %+v", foreign)
 	}
+}
+
+// A copy the hub placed with federation on reports where other clusters
+// reach its picker and Gateway, following the picker's ready pod (not its
+// Deployment, whose status a leader handover may leave unchanged) and the
+// Gateway's address; without federation it reports nothing.
+func TestFederatedCopyReportsPickerAndGatewayAddresses(t *testing.T) {
+	ctx := context.Background()
+	ns := testutil.NewNamespace(t, c)
+	svc := service(t, ns, fmt.Sprintf(`
+metadata: {name: fed, annotations: {%q: east}}
+spec:
+  model: {uri: "hf://facebook/opt-125m"}
+  router: {scheduler: {}, route: {}, gateway: {refs: [{name: fed-gateway, namespace: %s}]}}
+  template: {containers: [{name: main, image: vllm/vllm-openai:v0.11.0}]}
+`, fleetv1alpha1.FederationClusterAnnotation, systemNS))
+	federation := func(want *v1alpha2.FederationStatus) *v1alpha2.LLMInferenceService {
+		t.Helper()
+		got := &v1alpha2.LLMInferenceService{}
+		testutil.Eventually(t, waitTimeout, fmt.Sprintf("status.federation %+v", want), func(ctx context.Context) error {
+			if err := c.Get(ctx, key(ns, "fed"), got); err != nil {
+				return err
+			}
+			if !equality.Semantic.DeepEqual(got.Status.Federation, want) {
+				return fmt.Errorf("have %+v", got.Status.Federation)
+			}
+			return nil
+		})
+		return got
+	}
+	federation(&v1alpha2.FederationStatus{})
+
+	gw := programmedGateway(t, "fed-gateway")
+	federation(&v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:8080"})
+	testutil.Eventually(t, waitTimeout, "peer port", func(ctx context.Context) error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(gw), gw); err != nil {
+			return err
+		}
+		metav1.SetMetaDataAnnotation(&gw.ObjectMeta, fleetv1alpha1.GatewayPeerPortAnnotation, "15001")
+		return c.Update(ctx, gw)
+	})
+	federation(&v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:15001"})
+
+	// The picker's pod, as the Deployment controller and kubelet would make
+	// it; its federation port is the one the controller added.
+	epp := &appsv1.Deployment{}
+	get(t, key(ns, "fed-kserve-router-scheduler"), epp)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "fed-kserve-router-scheduler-0", Namespace: ns, Labels: epp.Spec.Template.Labels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{*container(epp.Spec.Template.Spec, "main")}, AutomountServiceAccountToken: ptr.To(false)}}
+	pod.Spec.Containers[0].VolumeMounts = nil
+	testutil.Eventually(t, waitTimeout, "picker pod", func(ctx context.Context) error {
+		return client.IgnoreAlreadyExists(c.Create(ctx, pod))
+	})
+	setPod := func(ip string, ready corev1.ConditionStatus) {
+		t.Helper()
+		testutil.Eventually(t, waitTimeout, "picker pod status", func(ctx context.Context) error {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+				return err
+			}
+			pod.Status.PodIP, pod.Status.PodIPs = ip, []corev1.PodIP{{IP: ip}}
+			pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready, LastTransitionTime: metav1.Now()}}
+			return c.Status().Update(ctx, pod)
+		})
+	}
+	setPod("127.0.1.5", corev1.ConditionFalse)
+	federation(&v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:15001"})
+	setPod("127.0.1.5", corev1.ConditionTrue)
+	federation(&v1alpha2.FederationStatus{PickerAddress: "127.0.1.5:9004", GatewayAddress: "127.0.0.9:15001"})
+
+	// Settled: nothing more is written.
+	settled := federation(&v1alpha2.FederationStatus{PickerAddress: "127.0.1.5:9004", GatewayAddress: "127.0.0.9:15001"})
+	time.Sleep(2 * time.Second)
+	if err := c.Get(ctx, key(ns, "fed"), svc); err != nil {
+		t.Fatal(err)
+	}
+	if svc.ResourceVersion != settled.ResourceVersion {
+		t.Errorf("the settled service was written again: resourceVersion %s, then %s", settled.ResourceVersion, svc.ResourceVersion)
+	}
+
+	testutil.Eventually(t, waitTimeout, "federation off", func(ctx context.Context) error {
+		if err := c.Get(ctx, key(ns, "fed"), svc); err != nil {
+			return err
+		}
+		delete(svc.Annotations, fleetv1alpha1.FederationClusterAnnotation)
+		return c.Update(ctx, svc)
+	})
+	federation(nil)
+}
+
+// A federated copy that names no Gateway is reached through the cluster's
+// default one, which serves pools that no route names.
+func TestFederatedCopyWithoutRouteReportsTheDefaultGateway(t *testing.T) {
+	ns := testutil.NewNamespace(t, c)
+	programmedGateway(t, "inference-gateway")
+	service(t, ns, fmt.Sprintf(`
+metadata: {name: fed, annotations: {%q: east}}
+spec:
+  model: {uri: "hf://facebook/opt-125m"}
+  router: {scheduler: {}}
+  template: {containers: [{name: main, image: vllm/vllm-openai:v0.11.0}]}
+`, fleetv1alpha1.FederationClusterAnnotation))
+	testutil.Eventually(t, waitTimeout, "status.federation", func(ctx context.Context) error {
+		svc := &v1alpha2.LLMInferenceService{}
+		if err := c.Get(ctx, key(ns, "fed"), svc); err != nil {
+			return err
+		}
+		if want := (v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:8080"}); svc.Status.Federation == nil || *svc.Status.Federation != want {
+			return fmt.Errorf("have %+v, want %+v", svc.Status.Federation, want)
+		}
+		return nil
+	})
 }

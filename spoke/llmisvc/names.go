@@ -70,6 +70,12 @@ func workloadSelector(s *v1alpha2.LLMInferenceService) map[string]string {
 	return l
 }
 
+// pickerLabels label a service's endpoint picker (its pods, Service and
+// RBAC) and select its pods.
+func pickerLabels(s *v1alpha2.LLMInferenceService) map[string]string {
+	return withLabels(selectorLabels(s), v1alpha2.LabelComponent, v1alpha2.ComponentScheduler)
+}
+
 func withLabels(base map[string]string, kv ...string) map[string]string {
 	out := make(map[string]string, len(base)+len(kv)/2)
 	for k, v := range base {

@@ -42,10 +42,14 @@ func detectAPIs(m meta.RESTMapper) availableAPIs {
 }
 
 // SetupWithManager registers the reconciler: it owns every namespaced child
-// and maps changes of configs, referenced routes, pools, Gateways and
-// scheduler ConfigMaps to the services that use them.
+// and maps changes of configs, referenced routes, pools, Gateways, scheduler
+// ConfigMaps and endpoint-picker pods to the services that use them.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.apis = detectAPIs(mgr.GetRESTMapper())
+	pickers, err := r.watchPickers(mgr)
+	if err != nil {
+		return err
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("llminferenceservice").
 		For(&v1alpha2.LLMInferenceService{}).
@@ -55,7 +59,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&rbacv1.Role{}).
 		Owns(&rbacv1.RoleBinding{}).
 		Watches(&v1alpha2.LLMInferenceServiceConfig{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfig)).
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfigMap), builder.OnlyMetadata)
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfigMap), builder.OnlyMetadata).
+		WatchesRawSource(pickers)
 	if r.apis.lws {
 		b = b.Owns(&lwsv1.LeaderWorkerSet{}).
 			Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.serviceOfGroup))
@@ -155,9 +160,11 @@ func (r *Reconciler) servicesUsingRoute(ctx context.Context, o client.Object) []
 	})
 }
 
-// servicesWithRouter maps a Gateway to every service that routes at all;
-// Gateways change rarely and may be the default of services that do not
-// name them.
+// servicesWithRouter maps a Gateway to every service that routes at all or
+// federates (which reports its Gateway's address); Gateways change rarely
+// and may be the default of services that do not name them.
 func (r *Reconciler) servicesWithRouter(ctx context.Context, _ client.Object) []reconcile.Request {
-	return r.services(ctx, "", func(s *v1alpha2.LLMInferenceService) bool { return s.Spec.Router != nil || len(s.Spec.BaseRefs) > 0 })
+	return r.services(ctx, "", func(s *v1alpha2.LLMInferenceService) bool {
+		return s.Spec.Router != nil || len(s.Spec.BaseRefs) > 0 || federates(s)
+	})
 }
