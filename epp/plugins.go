@@ -33,8 +33,8 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/tokenload"
 	testfilter "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/test/filter"
 
-	"github.com/fleetinfer/fleetinfer/epp/crosscluster"
-	"github.com/fleetinfer/fleetinfer/epp/inflight"
+	"github.com/fleetinfer/fleetinfer/epp/plugins/crosscluster"
+	"github.com/fleetinfer/fleetinfer/epp/plugins/inflight"
 )
 
 // RegisterPlugins registers every plugin type the EPP knows: GIE v1.5.0's

@@ -10,8 +10,8 @@ import (
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 
-	"github.com/fleetinfer/fleetinfer/epp/crosscluster"
-	"github.com/fleetinfer/fleetinfer/epp/inflight"
+	"github.com/fleetinfer/fleetinfer/epp/plugins/crosscluster"
+	"github.com/fleetinfer/fleetinfer/epp/plugins/inflight"
 )
 
 // fleetinfer mirrors GIE's unexported in-tree plugin list; this keeps the

@@ -87,8 +87,8 @@ import (
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 	"sigs.k8s.io/gateway-api-inference-extension/version"
 
-	"github.com/fleetinfer/fleetinfer/epp/crosscluster"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/plugins/crosscluster"
 )
 
 //go:embed default-config.yaml
