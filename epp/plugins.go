@@ -1,6 +1,8 @@
 package epp
 
 import (
+	"fmt"
+
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	extractormetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/extractor/metrics"
 	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
@@ -35,17 +37,44 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/epp/plugins/crosscluster"
 	"github.com/fleetinfer/fleetinfer/epp/plugins/inflight"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
-// RegisterPlugins registers every plugin type the EPP knows: GIE v1.5.0's
+// registerPlugins registers every plugin type the EPP knows: GIE v1.5.0's
 // in-tree plugins, then fleetinfer's. The first list is GIE's
 // registerInTreePlugins (cmd/epp/runner/runner.go), which is unexported; a
-// test checks it against GIE's own registration.
-func RegisterPlugins() {
+// test checks it against GIE's own registration. The cross-cluster-filter's
+// factory records the spill policy it builds in policy, for the candidate
+// lookup.
+func registerPlugins(policy *spillPolicy) {
 	registerGIEPlugins()
-	fwkplugin.Register(crosscluster.FilterType, crosscluster.FilterFactory)
+	fwkplugin.Register(crosscluster.FilterType, crosscluster.NewFilterFactory(policy.record))
 	fwkplugin.Register(crosscluster.ScorerType, crosscluster.ScorerFactory)
 	fwkplugin.Register(inflight.ScorerType, inflight.ScorerFactory)
+}
+
+// spillPolicy is the spill policy of the configuration's
+// cross-cluster-filter, as its factory built it while GIE instantiated the
+// configuration: the candidate lookup applies that same policy.
+type spillPolicy struct {
+	policy  *spill.Policy
+	filters int
+}
+
+func (s *spillPolicy) record(p *spill.Policy) {
+	s.policy = p
+	s.filters++
+}
+
+// get returns the policy, nil when no cross-cluster-filter is configured.
+// The candidate lookup applies one policy, so the configuration may hold
+// at most one cross-cluster-filter.
+func (s *spillPolicy) get() (*spill.Policy, error) {
+	if s.filters > 1 {
+		return nil, fmt.Errorf("%d %s plugins configured; the candidate lookup applies one spill policy, so configure one",
+			s.filters, crosscluster.FilterType)
+	}
+	return s.policy, nil
 }
 
 func registerGIEPlugins() {

@@ -31,7 +31,7 @@ func TestRegisterPluginsHasEveryGIEPluginAndFleetinfers(t *testing.T) {
 	gie := slices.Sorted(maps.Keys(fwkplugin.Registry))
 
 	fwkplugin.Registry = map[string]fwkplugin.FactoryFunc{}
-	RegisterPlugins()
+	registerPlugins(&spillPolicy{})
 	want := slices.Sorted(slices.Values(append(gie, crosscluster.FilterType, crosscluster.ScorerType, inflight.ScorerType)))
 	if got := slices.Sorted(maps.Keys(fwkplugin.Registry)); !slices.Equal(got, want) {
 		t.Fatalf("registered %v\nwant GIE's %v plus fleetinfer's", got, gie)

@@ -88,7 +88,6 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/version"
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
-	"github.com/fleetinfer/fleetinfer/epp/plugins/crosscluster"
 )
 
 //go:embed default-config.yaml
@@ -186,7 +185,8 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	loader.RegisterFeatureGate(datalayer.ExperimentalDatalayerFeatureGate)
 	loader.RegisterFeatureGate(datalayer.EnableLegacyMetricsFeatureGate)
 	loader.RegisterFeatureGate(flowcontrol.FeatureGate)
-	RegisterPlugins()
+	configuredSpill := &spillPolicy{}
+	registerPlugins(configuredSpill)
 	rawConfig, featureGates, err := loader.LoadRawConfig(configBytes, setupLog)
 	if err != nil {
 		return nil, fmt.Errorf("failed to parse config - %w", err)
@@ -304,9 +304,10 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	if fed.store != nil {
 		cands.remote = fed.store
 	}
-	if f := spillFilter(handle); f != nil {
-		cands.gate = f
-	} else if fed.store != nil {
+	if cands.spill, err = configuredSpill.get(); err != nil {
+		return nil, err
+	}
+	if cands.spill == nil && fed.store != nil {
 		setupLog.Info("No cross-cluster-filter configured: every fresh remote endpoint is a candidate for every request")
 	}
 	if err := fed.addTo(mgr); err != nil {
@@ -353,17 +354,6 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	// server's Director wrapped (see director.go).
 	streaming := handlers.NewStreamingServer(ds, director{Director: gieDirector}, parser)
 	return mgr, mgr.Add(extProcRunnable(serverRunner, extProcServer{inner: streaming}, legacyMetrics))
-}
-
-// spillFilter returns the configured cross-cluster filter, whose headroom
-// test also gates remote candidates.
-func spillFilter(handle fwkplugin.Handle) *crosscluster.Filter {
-	for _, p := range handle.GetAllPlugins() {
-		if f, ok := p.(*crosscluster.Filter); ok {
-			return f
-		}
-	}
-	return nil
 }
 
 // poolFailOpen reads endpointPickerRef.failureMode from the InferencePool,
