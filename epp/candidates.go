@@ -124,12 +124,12 @@ func (c *candidates) hinted(ctx context.Context, hint []string) []fwkdl.Endpoint
 	}
 	switch {
 	case len(matched) > 0:
-		federation.SubsetHints.WithLabelValues("honoured").Inc()
+		subsetHints.WithLabelValues("honoured").Inc()
 		return matched
 	case c.failOpen(ctx):
-		federation.SubsetHints.WithLabelValues("fallback").Inc()
+		subsetHints.WithLabelValues("fallback").Inc()
 		return local
 	}
-	federation.SubsetHints.WithLabelValues("rejected").Inc()
+	subsetHints.WithLabelValues("rejected").Inc()
 	return nil
 }

@@ -75,7 +75,7 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	if primary == nil {
 		localPicks.Inc()
 	} else {
-		federation.Picks.WithLabelValues("remote", primary.Cluster).Inc()
+		picks.WithLabelValues("remote", primary.Cluster).Inc()
 	}
 	parent := slices.ContainsFunc(p.targets, func(t fwksched.Endpoint) bool {
 		o := federation.OriginOf(t)
@@ -103,10 +103,6 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	p.hint = strings.Join(hint, ",")
 	return rc, nil
 }
-
-// localPicks is Picks' local series, looked up once: it is counted on every
-// pick that stays in the cluster.
-var localPicks = federation.Picks.WithLabelValues("local", "")
 
 // extProcServer wraps GIE's StreamingServer: each stream gets its *pick, and
 // the request-headers response of a Parent-mode pick gets the subset hint

@@ -86,8 +86,6 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 	"sigs.k8s.io/gateway-api-inference-extension/version"
-
-	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
 
 //go:embed default-config.yaml
@@ -256,7 +254,7 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	parser := handlers.NewParser(eppConfig.ParserConfig)
 
 	// Metrics server: GIE's, with fleetinfer's collectors.
-	metrics.Register(append([]prometheus.Collector{collectors.NewInferencePoolMetricsCollector(ds)}, federation.Collectors()...)...)
+	metrics.Register(append([]prometheus.Collector{collectors.NewInferencePoolMetricsCollector(ds)}, metricCollectors()...)...)
 	metrics.RecordInferenceExtensionInfo(version.CommitSHA, version.BuildRef)
 	metricsServerOptions := metricsserver.Options{BindAddress: fmt.Sprintf(":%d", opts.MetricsPort)}
 	if opts.MetricsEndpointAuth {
