@@ -67,9 +67,9 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 	}
 	now := c.now()
 	remote := c.remote.Remote(now)
-	// Lag is recorded for picks only (the director's lookups), not for flow
-	// control's saturation checks.
-	if pickFrom(ctx) != nil {
+	// Lag is recorded for requests' lookups only, not for flow control's
+	// saturation probes.
+	if forRequest(ctx) {
 		remote.ObserveLag(now)
 	}
 	if c.spill == nil {
