@@ -73,8 +73,7 @@ func TestCandidatesApplyTheConfiguredFiltersSpillPolicy(t *testing.T) {
 func TestOneSpillPolicyPerConfiguration(t *testing.T) {
 	config := strings.Replace(testConfig, "- type: cross-cluster-filter\n",
 		"- type: cross-cluster-filter\n- {type: cross-cluster-filter, name: second}\n", 1)
-	configured := &spillPolicy{}
-	registerPlugins(configured)
+	configured := registerAllPlugins()
 	loadConfig(t, []byte(config))
 	if _, err := configured.get(); err == nil {
 		t.Fatal("two cross-cluster-filters accepted")

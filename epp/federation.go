@@ -18,6 +18,7 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 )
 
 // FederationOptions are the federation's command-line flags. Federation is
@@ -149,7 +150,7 @@ func (f *federationParts) addTo(mgr manager.Manager) error {
 		grpc.MaxConcurrentStreams(1000))
 	federationv1.RegisterFederationServer(srv, f.publisher)
 	for _, r := range []manager.Runnable{
-		grpcRunnable("federation", srv, f.port),
+		gierunner.NoLeaderElection(gierunner.GRPCServer("federation", srv, f.port)),
 		runFunc(f.publisher.Run),
 		runFunc(func(ctx context.Context) error { return f.subscriber.Run(ctx, f.dir) }),
 		runFunc(f.dir.Run),
@@ -163,5 +164,5 @@ func (f *federationParts) addTo(mgr manager.Manager) error {
 }
 
 func runFunc(fn func(context.Context) error) manager.Runnable {
-	return noLeaderElection{manager.RunnableFunc(fn)}
+	return gierunner.NoLeaderElection(manager.RunnableFunc(fn))
 }

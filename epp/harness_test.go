@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
@@ -124,17 +125,26 @@ func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoin
 	parser := handlers.NewParser(cfg.ParserConfig)
 	gie := requestcontrol.NewDirectorWithConfig(ds, scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig),
 		requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, cands), parser, cands, rc)
-	h.server = extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie}, parser)}
+	h.server = newExtProcServer(ds, gie, parser)
 	return h
 }
 
-// loadFleetinferConfig registers fleetinfer's plugins and instantiates
+// registerAllPlugins registers GIE's plugins and fleetinfer's, as the
+// runner does, and returns where the cross-cluster-filter's factory records
+// the spill policy it builds.
+func registerAllPlugins() *spillPolicy {
+	configured := &spillPolicy{}
+	gierunner.RegisterInTreePlugins()
+	registerPlugins(configured)
+	return configured
+}
+
+// loadFleetinferConfig registers GIE's and fleetinfer's plugins and instantiates
 // config with them, as the runner does, and returns the spill policy of its
 // cross-cluster-filter (nil without one).
 func loadFleetinferConfig(t testing.TB, config string) (*spill.Policy, fwkplugin.Handle, *eppconfig.Config) {
 	t.Helper()
-	configured := &spillPolicy{}
-	registerPlugins(configured)
+	configured := registerAllPlugins()
 	handle, cfg := loadConfig(t, []byte(config))
 	policy, err := configured.get()
 	if err != nil {
