@@ -1,5 +1,9 @@
 package epp
 
+// Peering: the federation's flags, and its server, subscriptions and file
+// watchers (package federation) built from them and run next to GIE's
+// servers.
+
 import (
 	"context"
 	"errors"
