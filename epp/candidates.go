@@ -14,10 +14,9 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
-// candidates is fleetinfer's replacement for GIE's
-// DatastoreEndpointCandidates (requestcontrol/candidates.go), the one place
-// the runner had to change: GIE's runner builds its candidate lookup from
-// the local datastore only, and matches subset hints by IP alone.
+// candidates is fleetinfer's candidate lookup, in place of GIE's
+// DatastoreEndpointCandidates (requestcontrol/candidates.go), which reads
+// the local datastore only and matches subset hints by IP alone.
 //
 //   - Without a subset hint, the candidates are the local endpoints plus the
 //     fresh remote ones. With a spill policy (the cross-cluster-filter's),

@@ -30,7 +30,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
-// FilterType is the cross-cluster filter's plugin type.
+// FilterType is the plugin type of the spill policy's filter.
 const FilterType = "cross-cluster-filter"
 
 // Filter is the spill policy's plugin. The EPP's candidate lookup decides
@@ -40,7 +40,9 @@ const FilterType = "cross-cluster-filter"
 // few remote ones with headroom (or, without local endpoints, the least
 // loaded remote ones). The filter trims what it is given to that decision's
 // shape at scheduling time: remote endpoints without headroom (by then) are
-// dropped, unless nothing else would remain.
+// dropped, unless nothing else would remain. (With flow control on, GIE
+// caches the lookup's candidates for up to 50 ms, and a spill decided stands
+// that long.)
 type Filter struct {
 	name   string
 	policy *spill.Policy
