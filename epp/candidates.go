@@ -11,18 +11,18 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
-// candidates is fleetinfer's replacement for GIE's
-// DatastoreEndpointCandidates (requestcontrol/candidates.go), the one place
-// the runner had to change: GIE's runner builds its candidate lookup from
-// the local datastore only, and matches subset hints by IP alone.
+// candidates is fleetinfer's candidate lookup, in place of GIE's
+// DatastoreEndpointCandidates (requestcontrol/candidates.go), which reads
+// the local datastore only and matches subset hints by IP alone.
 //
 //   - Without a subset hint, the candidates are the local endpoints plus the
-//     fresh remote ones. With the cross-cluster filter configured, remote
-//     endpoints are added only once no local endpoint has headroom (the
-//     filter would drop them anyway), and then only the least loaded few,
-//     next to the least loaded few local ones.
+//     fresh remote ones. With a spill policy (the cross-cluster-filter's),
+//     remote endpoints are added only once no local endpoint has headroom,
+//     and then only the least loaded few, next to the least loaded few local
+//     ones; the filter plugin then only trims them.
 //   - With a hint (x-gateway-destination-endpoint-subset in metadata
 //     namespace envoy.lb.subset_hint), the candidates are the local
 //     endpoints matching a hinted ip:port (IP and port; an entry without a
@@ -38,13 +38,9 @@ type candidates struct {
 	}
 	// remote holds the peers' endpoints; nil without federation.
 	remote remoteEndpoints
-	// gate picks the remote endpoints that join the local ones (the
-	// cross-cluster filter); nil admits every fresh one.
-	gate interface {
-		LocalSaturated(local []fwkdl.Endpoint) bool
-		RemoteCandidates(local []fwkdl.Endpoint, remote federation.Remote) []fwkdl.Endpoint
-		LocalCandidates(local []fwkdl.Endpoint) []fwkdl.Endpoint
-	}
+	// spill decides when remote endpoints join the local ones, and which;
+	// nil (no cross-cluster-filter configured) admits every fresh one.
+	spill *spill.Policy
 	// failOpen reports the pool's failureMode.
 	failOpen          func(ctx context.Context) bool
 	disableSubsetHint bool
@@ -65,24 +61,24 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 		}
 	}
 	local := c.ds.PodList(datastore.AllPodsPredicate)
-	if c.remote == nil || (c.gate != nil && !c.gate.LocalSaturated(local)) {
+	if c.remote == nil || (c.spill != nil && !c.spill.Saturated(local)) {
 		return local
 	}
 	now := c.now()
 	remote := c.remote.Remote(now)
-	// Lag is recorded for picks only (the director's lookups), not for flow
-	// control's saturation checks.
-	if pickFrom(ctx) != nil {
+	// Lag is recorded for requests' lookups only, not for flow control's
+	// saturation probes.
+	if forRequest(ctx) {
 		remote.ObserveLag(now)
 	}
-	if c.gate == nil {
+	if c.spill == nil {
 		return remote.AppendFresh(local)
 	}
-	spill := c.gate.RemoteCandidates(local, remote)
-	if len(spill) == 0 {
+	spilled := c.spill.Remote(local, remote)
+	if len(spilled) == 0 {
 		return local
 	}
-	return append(c.gate.LocalCandidates(local), spill...)
+	return append(c.spill.Local(local), spilled...)
 }
 
 // subsetHint returns the hinted endpoints when the request carries a hint.
@@ -127,12 +123,12 @@ func (c *candidates) hinted(ctx context.Context, hint []string) []fwkdl.Endpoint
 	}
 	switch {
 	case len(matched) > 0:
-		federation.SubsetHints.WithLabelValues("honoured").Inc()
+		subsetHints.WithLabelValues("honoured").Inc()
 		return matched
 	case c.failOpen(ctx):
-		federation.SubsetHints.WithLabelValues("fallback").Inc()
+		subsetHints.WithLabelValues("fallback").Inc()
 		return local
 	}
-	federation.SubsetHints.WithLabelValues("rejected").Inc()
+	subsetHints.WithLabelValues("rejected").Inc()
 	return nil
 }

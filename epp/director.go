@@ -7,7 +7,6 @@ import (
 
 	configPb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extProcPb "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
@@ -15,48 +14,11 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
 
-// The request path around GIE's Director, for remote picks: the endpoints of
-// a pick are recorded by a PreRequest plugin, the director wrapper turns
-// Parent-mode picks into the remote gateway's address, and the ext-proc
-// stream wrapper adds the subset hint header to the headers response. The
-// three share one *pick per ext-proc stream (one request), carried in the
-// stream's context, which GIE passes down to the director and its plugins.
-
-// pick is one request's scheduling outcome as fleetinfer needs it.
-type pick struct {
-	// targets are the primary profile's endpoints, in order.
-	targets []fwksched.Endpoint
-	// hint is the x-gateway-destination-endpoint-subset header value for a
-	// Parent-mode pick.
-	hint string
-}
-
-type pickKey struct{}
-
-func pickFrom(ctx context.Context) *pick {
-	p, _ := ctx.Value(pickKey{}).(*pick)
-	return p
-}
-
-// pickRecorderType is the PreRequest plugin the runner adds before the
-// configured ones; it is internal and not configurable.
-const pickRecorderType = "fleetinfer-pick-recorder"
-
-type pickRecorder struct{}
-
-func (pickRecorder) TypedName() fwkplugin.TypedName {
-	return fwkplugin.TypedName{Type: pickRecorderType, Name: pickRecorderType}
-}
-
-func (pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
-	p := pickFrom(ctx)
-	if p == nil || result == nil {
-		return
-	}
-	if r := result.ProfileResults[result.PrimaryProfileName]; r != nil {
-		p.targets = r.TargetEndpoints
-	}
-}
+// The request path around GIE's Director, for remote picks: pickRecorder
+// records a pick's endpoints, the director wrapper turns Parent-mode picks
+// into the remote gateway's address, and the ext-proc stream wrapper adds
+// the subset hint header to the headers response. The three share the
+// request's pick (see pickKey).
 
 // director wraps GIE's Director: after GIE's pick, targets in Parent-mode
 // clusters are replaced by their cluster's gateway, and the pods become the
@@ -67,7 +29,7 @@ type director struct {
 
 func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestContext) (*handlers.RequestContext, error) {
 	rc, err := d.Director.HandleRequest(ctx, reqCtx)
-	p := pickFrom(ctx)
+	p := pickOf(ctx)
 	if err != nil || p == nil || len(p.targets) == 0 {
 		return rc, err
 	}
@@ -75,7 +37,7 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	if primary == nil {
 		localPicks.Inc()
 	} else {
-		federation.Picks.WithLabelValues("remote", primary.Cluster).Inc()
+		picks.WithLabelValues("remote", primary.Cluster).Inc()
 	}
 	parent := slices.ContainsFunc(p.targets, func(t fwksched.Endpoint) bool {
 		o := federation.OriginOf(t)
@@ -104,11 +66,7 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	return rc, nil
 }
 
-// localPicks is Picks' local series, looked up once: it is counted on every
-// pick that stays in the cluster.
-var localPicks = federation.Picks.WithLabelValues("local", "")
-
-// extProcServer wraps GIE's StreamingServer: each stream gets its *pick, and
+// extProcServer wraps GIE's StreamingServer: each stream gets its pick, and
 // the request-headers response of a Parent-mode pick gets the subset hint
 // header. GIE cannot set it itself: it strips that header from what it echoes
 // because it is one of its own input headers.
@@ -118,8 +76,7 @@ type extProcServer struct {
 }
 
 func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer) error {
-	return s.inner.Process(&hintingStream{ExternalProcessor_ProcessServer: stream,
-		ctx: context.WithValue(stream.Context(), pickKey{}, &pick{})})
+	return s.inner.Process(&hintingStream{ExternalProcessor_ProcessServer: stream, ctx: withPick(stream.Context())})
 }
 
 type hintingStream struct {
@@ -131,7 +88,7 @@ func (s *hintingStream) Context() context.Context { return s.ctx }
 
 func (s *hintingStream) Send(resp *extProcPb.ProcessingResponse) error {
 	if h := resp.GetRequestHeaders().GetResponse().GetHeaderMutation(); h != nil {
-		if p := pickFrom(s.ctx); p != nil && p.hint != "" {
+		if p := pickOf(s.ctx); p != nil && p.hint != "" {
 			h.SetHeaders = append(h.SetHeaders, &configPb.HeaderValueOption{
 				Header:       &configPb.HeaderValue{Key: metadata.SubsetFilterKey, RawValue: []byte(p.hint)},
 				AppendAction: configPb.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,

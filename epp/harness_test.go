@@ -26,6 +26,8 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
 // The harness runs the EPP's request path in process, as the runner wires
@@ -112,23 +114,43 @@ func newHarness(t testing.TB, local, remote []fwkdl.Endpoint) *harness {
 
 func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoints, config string) *harness {
 	t.Helper()
-	RegisterPlugins()
-	handle, cfg := loadConfig(t, []byte(config))
+	policy, handle, cfg := loadFleetinferConfig(t, config)
 	ds := &fakeDatastore{local: local}
 	h := &harness{}
-	cands := &candidates{ds: ds, remote: remote,
+	cands := &candidates{ds: ds, remote: remote, spill: policy,
 		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
-	if f := spillFilter(handle); f != nil {
-		cands.gate = f // as the runner does: a nil *Filter is no gate
-	}
 	rc := requestcontrol.NewConfig()
 	rc.AddPlugins(pickRecorder{})
 	rc.AddPlugins(handle.GetAllPlugins()...)
 	parser := handlers.NewParser(cfg.ParserConfig)
 	gie := requestcontrol.NewDirectorWithConfig(ds, scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig),
 		requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, cands), parser, cands, rc)
-	h.server = extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie}, parser)}
+	h.server = newExtProcServer(ds, gie, parser)
 	return h
+}
+
+// registerAllPlugins registers GIE's plugins and fleetinfer's, as the
+// runner does, and returns where the cross-cluster-filter's factory records
+// the spill policy it builds.
+func registerAllPlugins() *spillPolicy {
+	configured := &spillPolicy{}
+	gierunner.RegisterInTreePlugins()
+	registerPlugins(configured)
+	return configured
+}
+
+// loadFleetinferConfig registers GIE's and fleetinfer's plugins and instantiates
+// config with them, as the runner does, and returns the spill policy of its
+// cross-cluster-filter (nil without one).
+func loadFleetinferConfig(t testing.TB, config string) (*spill.Policy, fwkplugin.Handle, *eppconfig.Config) {
+	t.Helper()
+	configured := registerAllPlugins()
+	handle, cfg := loadConfig(t, []byte(config))
+	policy, err := configured.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return policy, handle, cfg
 }
 
 // loadConfig instantiates an EndpointPickerConfig (GIE's default when

@@ -24,6 +24,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 )
 
 // BenchmarkPick is bench/epp's comparison in process, without scraping,
@@ -80,7 +81,7 @@ func processCPU() time.Duration {
 // newStockHarness wires GIE's EPP as its runner does, with its default
 // configuration.
 func newStockHarness(b *testing.B, local []fwkdl.Endpoint) *harness {
-	registerGIEPlugins()
+	gierunner.RegisterInTreePlugins()
 	handle, cfg := loadConfig(b, nil)
 	ds := &fakeDatastore{local: local}
 	cands := requestcontrol.NewDatastoreEndpointCandidates(ds)

@@ -6,28 +6,32 @@
 //
 // # Composition
 //
-// GIE's runner (cmd/epp/runner) cannot be extended from outside where
-// federation needs it: it builds the candidate lookup from the local
-// datastore only and hands the ext-proc server its own concrete Director. So
-// Runner.Run repeats the runner's setup step by step with GIE's exported
-// packages, and changes three things, each marked "fleetinfer:" below:
+// GIE's runner cannot be extended from outside where federation needs it:
+// it builds the candidate lookup from the local datastore only and hands the
+// ext-proc server its own concrete Director. So internal/gierunner holds a
+// copy of its setup, with hooks, and this package is fleetinfer's delta on
+// it (runner.go):
 //
-//  1. the candidate lookup (candidates.go) adds fresh remote endpoints (with
-//     the cross-cluster filter configured: the least loaded few, once no
-//     local endpoint has headroom) and matches subset hints by IP and port,
-//     with the pool's failureMode deciding what happens to a hint whose pod
-//     is gone;
+//  1. the candidate lookup (candidates.go) adds fresh remote endpoints and
+//     matches subset hints by IP and port, with the pool's failureMode
+//     deciding what happens to a hint whose pod is gone. With a
+//     cross-cluster-filter configured, its spill policy (package spill,
+//     built once by the plugin's factory and shared) decides when remote
+//     endpoints join: the least loaded few, once no local endpoint has
+//     headroom; the plugin (plugins/crosscluster) then only trims them;
 //  2. the ext-proc server's Director is wrapped (director.go) to send
 //     Parent-mode picks to the remote gateway with a subset hint header;
-//  3. the federation server and subscriptions run next to GIE's servers.
-//
-// Everything else, including plugin registration (plugins.go mirrors GIE's
-// list and adds fleetinfer's plugins), is GIE's code.
+//     the wrappers share the request's pick (pick.go);
+//  3. the federation server and subscriptions (peering.go, package
+//     federation) run next to GIE's servers;
+//  4. fleetinfer's plugins (plugins.go: plugins/crosscluster,
+//     plugins/inflight) are registered next to GIE's, and its metrics
+//     (metrics.go) next to GIE's.
 //
 // # Peer directory
 //
-// The peers come from a file (--federation-peers-file), which the hub will
-// publish. It is YAML or JSON, reloaded when it changes:
+// The peers come from a file (--federation-peers-file), YAML or JSON,
+// reloaded when it changes:
 //
 //	peers:
 //	- cluster: west                         # the peer's cluster name
@@ -45,50 +49,22 @@ package epp
 import (
 	"context"
 	_ "embed"
-	"errors"
-	"fmt"
 	"os"
-	"regexp"
-	"strconv"
-	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	extProcPb "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/spf13/pflag"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
-	"sigs.k8s.io/gateway-api-inference-extension/cmd/epp/runner"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/common"
-	logutil "sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/profiling"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/tracing"
-	backendmetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/backend/metrics"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datalayer"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/flowcontrol"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/flowcontrol/contracts"
-	fccontroller "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/flowcontrol/controller"
-	fcregistry "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/flowcontrol/registry"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
-	extractormetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/extractor/metrics"
+	fwkrh "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requesthandling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metrics"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metrics/collectors"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
-	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
-	"sigs.k8s.io/gateway-api-inference-extension/version"
 
-	"github.com/fleetinfer/fleetinfer/epp/crosscluster"
-	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 )
 
 //go:embed default-config.yaml
@@ -96,24 +72,51 @@ var defaultConfig []byte
 
 var setupLog = ctrl.Log.WithName("setup")
 
-// Runner runs fleetinfer's EPP.
+// Runner runs fleetinfer's EPP: GIE's runner (internal/gierunner) with
+// fleetinfer's delta.
 type Runner struct {
-	opts *runserver.Options
-	fed  *FederationOptions
+	gie *gierunner.Runner
+	fed *FederationOptions
+	// spill is the configured cross-cluster-filter's spill policy, recorded
+	// by the plugin's factory while GIE instantiates the configuration.
+	spill *spillPolicy
 }
 
 // NewRunner returns a runner whose flags are GIE's, fleetinfer's federation
 // flags and --kubeconfig, all on the global pflag command line (GIE's
 // runner parses that one too).
 func NewRunner() *Runner {
-	if pflag.CommandLine.Lookup("kubeconfig") == nil {
-		pflag.CommandLine.Var(kubeconfigFlag{}, "kubeconfig",
-			"Path to a kubeconfig. Defaults to $KUBECONFIG, then the in-cluster configuration.")
-	}
-	r := &Runner{opts: runserver.NewOptions(), fed: NewFederationOptions()}
-	r.opts.AddFlags(pflag.CommandLine)
-	r.fed.AddFlags(pflag.CommandLine)
+	r := &Runner{fed: NewFederationOptions(), spill: &spillPolicy{}}
+	r.gie = gierunner.New(gierunner.Delta{
+		ExecutableName:        "fleetinfer-epp",
+		DefaultConfig:         defaultConfig,
+		AddFlags:              r.addFlags,
+		ValidateFlags:         r.validateFlags,
+		RegisterPlugins:       func() { registerPlugins(r.spill) },
+		RequestControlPlugins: []fwkplugin.Plugin{pickRecorder{}},
+		Collectors:            metricCollectors(),
+		Candidates:            r.candidates,
+		ExtProcServer:         newExtProcServer,
+	})
 	return r
+}
+
+// Run parses the command line and runs the EPP until ctx ends.
+func (r *Runner) Run(ctx context.Context) error { return r.gie.Run(ctx) }
+
+func (r *Runner) addFlags(fs *pflag.FlagSet) {
+	if fs.Lookup("kubeconfig") == nil {
+		fs.Var(kubeconfigFlag{}, "kubeconfig", "Path to a kubeconfig. Defaults to $KUBECONFIG, then the in-cluster configuration.")
+	}
+	r.fed.AddFlags(fs)
+}
+
+func (r *Runner) validateFlags() error {
+	if err := r.fed.Validate(); err != nil {
+		setupLog.Error(err, "Failed to validate federation flags")
+		return err
+	}
+	return nil
 }
 
 // GIE's runner reads the API server address through controller-runtime,
@@ -124,246 +127,33 @@ func (kubeconfigFlag) String() string     { return os.Getenv("KUBECONFIG") }
 func (kubeconfigFlag) Set(v string) error { return os.Setenv("KUBECONFIG", v) }
 func (kubeconfigFlag) Type() string       { return "string" }
 
-// Run parses the command line and runs the EPP until ctx ends. It follows
-// GIE's Runner.Run and Runner.setup (cmd/epp/runner/runner.go, v1.5.0).
-func (r *Runner) Run(ctx context.Context) error {
-	logutil.InitSetupLogging()
-	setupLog.Info("fleetinfer-epp build", "commit-sha", version.CommitSHA, "build-ref", version.BuildRef)
-	pflag.Parse()
-	opts := r.opts
-	if err := opts.Complete(); err != nil {
-		return err
-	}
-	if err := opts.Validate(); err != nil {
-		setupLog.Error(err, "Failed to validate flags")
-		return err
-	}
-	if err := r.fed.Validate(); err != nil {
-		setupLog.Error(err, "Failed to validate federation flags")
-		return err
-	}
-	flags := map[string]any{}
-	pflag.VisitAll(func(f *pflag.Flag) { flags[f.Name] = f.Value })
-	setupLog.Info("Flags processed", "flags", flags)
-	logutil.InitLogging(&opts.ZapOptions)
-	if opts.Tracing {
-		if err := tracing.InitTracing(ctx, setupLog, "gateway-api-inference-extension/epp"); err != nil {
-			return fmt.Errorf("failed to init tracing %w", err)
-		}
-	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		setupLog.Error(err, "Failed to get Kubernetes rest config")
-		return err
-	}
-	mgr, err := r.setup(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	setupLog.Info("Controller manager starting")
-	if err := mgr.Start(ctx); err != nil {
-		setupLog.Error(err, "Error starting controller manager")
-		return err
-	}
-	setupLog.Info("Controller manager terminated")
-	return nil
-}
-
-func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, error) {
-	opts := r.opts
-	// Configuration, phase one: GIE's parseConfigurationPhaseOne, with
-	// fleetinfer's default configuration when none is given.
-	configBytes := defaultConfig
-	if opts.ConfigText != "" {
-		configBytes = []byte(opts.ConfigText)
-	} else if opts.ConfigFile != "" {
-		b, err := os.ReadFile(opts.ConfigFile)
-		if err != nil {
-			return nil, fmt.Errorf("failed to load config from a file '%s' - %w", opts.ConfigFile, err)
-		}
-		configBytes = b
-	}
-	loader.RegisterFeatureGate(datalayer.ExperimentalDatalayerFeatureGate)
-	loader.RegisterFeatureGate(datalayer.EnableLegacyMetricsFeatureGate)
-	loader.RegisterFeatureGate(flowcontrol.FeatureGate)
-	RegisterPlugins()
-	rawConfig, featureGates, err := loader.LoadRawConfig(configBytes, setupLog)
-	if err != nil {
-		return nil, fmt.Errorf("failed to parse config - %w", err)
-	}
-	// GIE's deprecated environment switch for flow control.
-	if on, _ := strconv.ParseBool(os.Getenv("ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER")); on && !featureGates[flowcontrol.FeatureGate] {
-		rawConfig.FeatureGates = append(rawConfig.FeatureGates, flowcontrol.FeatureGate)
-		featureGates[flowcontrol.FeatureGate] = true
-	}
-	legacyMetrics := featureGates[datalayer.EnableLegacyMetricsFeatureGate]
-
-	// Metrics collection: GIE's setupMetricsCollection.
-	dlRuntime := datalayer.NewRuntime(opts.RefreshMetricsInterval)
-	var epf datalayer.EndpointFactory = dlRuntime
-	if legacyMetrics {
-		pmc, err := backendmetrics.NewPodMetricsClientImpl(setupLog, backendmetrics.Config{
-			ModelServerMetricsScheme: opts.ModelServerMetricsScheme, ModelServerMetricsHTTPSInsecure: opts.ModelServerMetricsHTTPSInsecure,
-			ModelServerMetricsPath: opts.ModelServerMetricsPath, TotalQueuedRequestsMetric: opts.TotalQueuedRequestsMetric,
-			TotalRunningRequestsMetric: opts.TotalRunningRequestsMetric, KVCacheUsagePercentageMetric: opts.KVCacheUsagePercentageMetric,
-			LoRAInfoMetric: opts.LoRAInfoMetric, CacheInfoMetric: opts.CacheInfoMetric,
-		})
-		if err != nil {
-			return nil, err
-		}
-		epf = backendmetrics.NewPodMetricsFactory(pmc, opts.RefreshMetricsInterval)
-	}
-	gknn, err := poolGKNN(opts)
+// candidates builds fleetinfer's candidate lookup in place of GIE's
+// DatastoreEndpointCandidates, with the configured spill policy, and starts
+// the federation next to GIE's servers.
+func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, error) {
+	fed, err := r.fed.build(p.Name, p.Datastore, p.Log)
 	if err != nil {
 		return nil, err
 	}
-	startCrdReconcilers := opts.EndpointSelector == ""
-	controllerCfg := runserver.NewControllerConfig(startCrdReconcilers)
-	if err := controllerCfg.PopulateControllerConfig(cfg); err != nil {
-		return nil, err
-	}
-	ds := datastore.NewDatastore(ctx, epf, int32(opts.ModelServerMetricsPort))
-	if !startCrdReconcilers {
-		pool, err := runner.NewEndpointPoolFromOptions(gknn.Namespace, opts.PoolName, opts.EndpointSelector, opts.EndpointTargetPorts)
-		if err != nil {
-			return nil, err
-		}
-		ds = ds.WithEndpointPool(pool)
-	}
-
-	// Configuration, phase two: GIE's parseConfigurationPhaseTwo. The pick
-	// recorder (fleetinfer) comes before the configured plugins.
-	handle := fwkplugin.NewEppHandle(ctx, func() []types.NamespacedName {
-		eps := ds.PodList(datastore.AllPodsPredicate)
-		names := make([]types.NamespacedName, 0, len(eps))
-		for _, ep := range eps {
-			names = append(names, ep.GetMetadata().NamespacedName)
-		}
-		return names
-	})
-	eppConfig, err := loader.InstantiateAndConfigure(rawConfig, handle, setupLog)
-	if err != nil {
-		return nil, fmt.Errorf("failed to load the configuration - %w", err)
-	}
-	requestControlConfig := requestcontrol.NewConfig()
-	requestControlConfig.AddPlugins(pickRecorder{})
-	requestControlConfig.AddPlugins(handle.GetAllPlugins()...)
-	dag, err := datalayer.ValidateAndOrderDataDependencies(handle.GetAllPlugins())
-	if err != nil {
-		return nil, fmt.Errorf("failed to load the configuration - %w", err)
-	}
-	requestControlConfig.OrderPrepareDataPlugins(dag)
-	parser := handlers.NewParser(eppConfig.ParserConfig)
-
-	// Metrics server: GIE's, with fleetinfer's collectors.
-	metrics.Register(append([]prometheus.Collector{collectors.NewInferencePoolMetricsCollector(ds)}, federation.Collectors()...)...)
-	metrics.RecordInferenceExtensionInfo(version.CommitSHA, version.BuildRef)
-	metricsServerOptions := metricsserver.Options{BindAddress: fmt.Sprintf(":%d", opts.MetricsPort)}
-	if opts.MetricsEndpointAuth {
-		metricsServerOptions.FilterProvider = filters.WithAuthenticationAndAuthorization
-	}
-	isLeader := &atomic.Bool{}
-	mgr, err := runserver.NewDefaultManager(controllerCfg, gknn, cfg, metricsServerOptions, opts.EnableLeaderElection)
-	if err != nil {
-		return nil, err
-	}
-	if opts.EnableLeaderElection {
-		go func() {
-			<-mgr.Elected()
-			isLeader.Store(true)
-			setupLog.Info("This instance is now the leader!")
-		}()
-	} else {
-		isLeader.Store(true)
-	}
-	if opts.EnablePprof {
-		if err := profiling.SetupPprofHandlers(mgr); err != nil {
-			return nil, err
-		}
-	}
-	scheduler := scheduling.NewSchedulerWithConfig(eppConfig.SchedulerConfig)
-	disallowed := ""
-	if legacyMetrics {
-		disallowed = extractormetrics.MetricsExtractorType
-	}
-	if err := dlRuntime.Configure(eppConfig.DataConfig, !legacyMetrics, disallowed, setupLog); err != nil {
-		return nil, fmt.Errorf("failed to initialize data layer: %w", err)
-	}
-	if err := dlRuntime.Start(ctx, mgr); err != nil {
-		return nil, fmt.Errorf("failed to initialize data layer: %w", err)
-	}
-
-	// fleetinfer: the federated candidate lookup replaces GIE's
-	// DatastoreEndpointCandidates, and the federation runs next to GIE.
-	fed, err := r.fed.build(gknn.NamespacedName, ds, setupLog)
-	if err != nil {
-		return nil, err
-	}
-	cands := &candidates{ds: ds, disableSubsetHint: opts.DisableEndpointSubsetFilter, now: time.Now,
-		failOpen: poolFailOpen(mgr.GetClient(), gknn.NamespacedName, startCrdReconcilers)}
+	cands := &candidates{ds: p.Datastore, disableSubsetHint: p.Options.DisableEndpointSubsetFilter, now: time.Now,
+		failOpen: poolFailOpen(p.Manager.GetClient(), p.Name, p.HasPool)}
 	if fed.store != nil {
 		cands.remote = fed.store
 	}
-	if f := spillFilter(handle); f != nil {
-		cands.gate = f
-	} else if fed.store != nil {
-		setupLog.Info("No cross-cluster-filter configured: every fresh remote endpoint is a candidate for every request")
-	}
-	if err := fed.addTo(mgr); err != nil {
+	if cands.spill, err = r.spill.get(); err != nil {
 		return nil, err
 	}
-
-	// Admission: GIE's flow control or legacy admission over our candidates.
-	var endpointCandidates contracts.EndpointCandidates = cands
-	var admission requestcontrol.AdmissionController
-	if featureGates[flowcontrol.FeatureGate] {
-		endpointCandidates = requestcontrol.NewCachedEndpointCandidates(ctx, endpointCandidates, 50*time.Millisecond)
-		registry, err := fcregistry.NewFlowRegistry(eppConfig.FlowControlConfig.Registry, setupLog)
-		if err != nil {
-			return nil, fmt.Errorf("failed to initialize Flow Registry: %w", err)
-		}
-		fc, err := fccontroller.NewFlowController(ctx, opts.PoolName, eppConfig.FlowControlConfig.Controller, fccontroller.Deps{
-			Registry: registry, SaturationDetector: eppConfig.SaturationDetector,
-			EndpointCandidates: endpointCandidates, UsageLimitPolicy: eppConfig.FlowControlConfig.UsageLimitPolicy,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("failed to initialize Flow Controller: %w", err)
-		}
-		go registry.Run(ctx)
-		admission = requestcontrol.NewFlowControlAdmissionController(fc, opts.PoolName)
-	} else {
-		admission = requestcontrol.NewLegacyAdmissionController(eppConfig.SaturationDetector, endpointCandidates)
+	if cands.spill == nil && fed.store != nil {
+		p.Log.Info("No cross-cluster-filter configured: every fresh remote endpoint is a candidate for every request")
 	}
-	gieDirector := requestcontrol.NewDirectorWithConfig(ds, scheduler, admission, parser, endpointCandidates, requestControlConfig)
-
-	serverRunner := &runserver.ExtProcServerRunner{
-		GrpcPort: opts.GRPCPort, GKNN: gknn, Datastore: ds, ControllerCfg: controllerCfg,
-		SecureServing: opts.SecureServing, HealthChecking: opts.HealthChecking, CertPath: opts.CertPath,
-		EnableCertReload: opts.EnableCertReload, RefreshPrometheusMetricsInterval: opts.RefreshPrometheusMetricsInterval,
-		MetricsStalenessThreshold: opts.MetricsStalenessThreshold, Director: gieDirector, Parser: parser,
-		SaturationDetector: eppConfig.SaturationDetector, UseExperimentalDatalayerV2: !legacyMetrics,
-	}
-	if err := serverRunner.SetupWithManager(mgr); err != nil {
-		return nil, err
-	}
-	if err := addHealthServer(mgr, ds, opts.GRPCHealthPort, isLeader, opts.EnableLeaderElection); err != nil {
-		return nil, err
-	}
-	// fleetinfer: GIE's ExtProcServerRunner.AsRunnable with the streaming
-	// server's Director wrapped (see director.go).
-	streaming := handlers.NewStreamingServer(ds, director{Director: gieDirector}, parser)
-	return mgr, mgr.Add(extProcRunnable(serverRunner, extProcServer{inner: streaming}, legacyMetrics))
+	return cands, fed.addTo(p.Manager)
 }
 
-// spillFilter returns the configured cross-cluster filter, whose headroom
-// test also gates remote candidates.
-func spillFilter(handle fwkplugin.Handle) *crosscluster.Filter {
-	for _, p := range handle.GetAllPlugins() {
-		if f, ok := p.(*crosscluster.Filter); ok {
-			return f
-		}
-	}
-	return nil
+// newExtProcServer is the ext-proc service around GIE's Director: GIE's
+// StreamingServer over the director wrapper, inside the stream wrapper
+// (director.go).
+func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
+	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie}, parser)}
 }
 
 // poolFailOpen reads endpointPickerRef.failureMode from the InferencePool,
@@ -381,27 +171,3 @@ func poolFailOpen(c client.Reader, pool types.NamespacedName, hasPool bool) func
 		return p.Spec.EndpointPickerRef.FailureMode == v1.EndpointPickerFailOpen
 	}
 }
-
-// poolGKNN is GIE's extractGKNN (unexported in its runner): the pool, or in
-// standalone mode the EPP's own Deployment, named after its pod.
-func poolGKNN(opts *runserver.Options) (common.GKNN, error) {
-	ns := opts.PoolNamespace
-	if ns == "" {
-		ns = os.Getenv("NAMESPACE")
-	}
-	if ns == "" {
-		ns = runserver.DefaultPoolNamespace
-	}
-	if opts.PoolName != "" {
-		return common.GKNN{NamespacedName: types.NamespacedName{Namespace: ns, Name: opts.PoolName},
-			GroupKind: schema.GroupKind{Group: opts.PoolGroup, Kind: "InferencePool"}}, nil
-	}
-	m := deploymentPod.FindStringSubmatch(os.Getenv("POD_NAME"))
-	if m == nil {
-		return common.GKNN{}, errors.New("standalone mode needs POD_NAME of the form <deployment>-<hash>-<id>")
-	}
-	return common.GKNN{NamespacedName: types.NamespacedName{Namespace: ns, Name: m[1]},
-		GroupKind: schema.GroupKind{Group: "apps", Kind: "Deployment"}}, nil
-}
-
-var deploymentPod = regexp.MustCompile(`^(.+)-[a-z0-9]+-[a-z0-9]+$`)

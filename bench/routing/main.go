@@ -123,7 +123,7 @@ var policies = []string{"gie-local", "round-robin", "least-load", "fleetinfer", 
 //     (a 50 ms scrape runs late on a busy machine);
 //   - GIE's inflight-load-producer counts the picker's own requests in
 //     flight per pod, and fleetinfer's in-flight-requests-scorer spreads
-//     picks by that count between scrapes (epp/inflight).
+//     picks by that count between scrapes (epp/plugins/inflight).
 //
 // Trials of the hot-cluster scenario on a quiet machine (p99 TTFT, median
 // of 3 repetitions; least-load and oracle in the same trial):

@@ -43,8 +43,8 @@ func ParseMode(s string) (Mode, error) {
 }
 
 // PeerDirectory lists the endpoint pickers an EPP federates with. The hub
-// publishes it (until then it is written by hand); each EPP reads it from a
-// file and picks the entries of its own pool.
+// publishes it; each EPP reads it from a file and picks the entries of its
+// own pool.
 type PeerDirectory struct {
 	Peers []Peer `json:"peers"`
 }

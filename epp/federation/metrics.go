@@ -2,7 +2,8 @@ package federation
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// Federation metrics. The runner registers Collectors() next to GIE's own.
+// Federation metrics: what the store, publisher and subscriber count. The
+// runner registers Collectors() next to GIE's own.
 var (
 	peersConnected = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "fleetinfer_epp_federation_peers_connected",
@@ -39,20 +40,10 @@ var (
 		Name: "fleetinfer_epp_federation_refused_total",
 		Help: "Subscriptions this EPP refused, by reason (unknown-identity, wrong-pool).",
 	}, []string{"reason"})
-	// Picks is counted by the director, which knows where a pick went.
-	Picks = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "fleetinfer_epp_picks_total",
-		Help: "Requests scheduled, by whether the primary endpoint is local or remote, and its cluster (empty for local).",
-	}, []string{"locality", "cluster"})
-	// SubsetHints is counted by the candidate lookup.
-	SubsetHints = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "fleetinfer_epp_subset_hints_total",
-		Help: "Requests that carried a subset hint, by result: honoured (a hinted endpoint exists), fallback (none does; own pick, FailOpen) or rejected (none does; FailClose).",
-	}, []string{"result"})
 )
 
-// Collectors returns every fleetinfer EPP metric.
+// Collectors returns the federation's metrics.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{peersConnected, subscribers, remoteEndpoints, lag, bytesTotal,
-		updatesTotal, streamErrors, refused, Picks, SubsetHints}
+		updatesTotal, streamErrors, refused}
 }

@@ -1,4 +1,11 @@
-package epp
+// Copied from GIE v1.5.0: the gRPC servers its runner starts through its
+// internal packages (internal/runnable/grpc.go,
+// internal/runnable/leader_election.go, internal/tls/tls.go), the ext-proc
+// server's runnable (pkg/epp/server/runserver.go) and its unexported health
+// service (cmd/epp/runner/health.go), which cannot be imported from outside
+// GIE; changes are marked "fleetinfer:". See the package doc.
+
+package gierunner
 
 import (
 	"context"
@@ -30,19 +37,21 @@ import (
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 )
 
-// The gRPC servers GIE's runner starts through its internal packages
-// (internal/runnable, internal/tls) and its unexported health service, which
-// fleetinfer cannot import; these are equivalents.
+// NoLeaderElection marks r to run on every replica, not only the leader
+// (internal/runnable/leader_election.go).
+func NoLeaderElection(r manager.Runnable) manager.Runnable { return noLeaderElection{r} }
 
-// noLeaderElection runs on every replica, like GIE's servers.
 type noLeaderElection struct{ manager.Runnable }
 
 func (noLeaderElection) NeedLeaderElection() bool { return false }
 
-// grpcRunnable serves srv on every interface at port until ctx ends, as GIE's
-// runnable.GRPCServer does.
-func grpcRunnable(name string, srv *grpc.Server, port int) manager.Runnable {
-	return noLeaderElection{manager.RunnableFunc(func(ctx context.Context) error {
+// GRPCServer serves srv on every interface at port until ctx ends
+// (internal/runnable/grpc.go).
+//
+// fleetinfer: it logs only that the server listens, and names the server in
+// its errors.
+func GRPCServer(name string, srv *grpc.Server, port int) manager.Runnable {
+	return manager.RunnableFunc(func(ctx context.Context) error {
 		log := ctrl.Log.WithValues("name", name)
 		lis, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
 		if err != nil {
@@ -62,17 +71,20 @@ func grpcRunnable(name string, srv *grpc.Server, port int) manager.Runnable {
 			return fmt.Errorf("gRPC server %s failed - %w", name, err)
 		}
 		return nil
-	})}
+	})
 }
 
-// extProcRunnable is GIE's ExtProcServerRunner.AsRunnable serving svc
-// instead of a StreamingServer built around GIE's concrete Director.
-func extProcRunnable(r *runserver.ExtProcServerRunner, svc extProcPb.ExternalProcessorServer, legacyMetrics bool) manager.Runnable {
-	return noLeaderElection{manager.RunnableFunc(func(ctx context.Context) error {
-		if legacyMetrics {
-			backendmetrics.StartMetricsLogger(ctx, r.Datastore, r.RefreshPrometheusMetricsInterval, r.MetricsStalenessThreshold)
-		} else {
+// extProcRunnable is ExtProcServerRunner.AsRunnable
+// (pkg/epp/server/runserver.go).
+//
+// fleetinfer: it serves svc; GIE's builds a StreamingServer around r's
+// concrete Director.
+func extProcRunnable(r *runserver.ExtProcServerRunner, svc extProcPb.ExternalProcessorServer) manager.Runnable {
+	return NoLeaderElection(manager.RunnableFunc(func(ctx context.Context) error {
+		if r.UseExperimentalDatalayerV2 {
 			datalayerlogger.StartMetricsLogger(ctx, r.Datastore, r.RefreshPrometheusMetricsInterval, r.MetricsStalenessThreshold)
+		} else {
+			backendmetrics.StartMetricsLogger(ctx, r.Datastore, r.RefreshPrometheusMetricsInterval, r.MetricsStalenessThreshold)
 		}
 		var opts []grpc.ServerOption
 		if r.SecureServing {
@@ -89,12 +101,13 @@ func extProcRunnable(r *runserver.ExtProcServerRunner, svc extProcPb.ExternalPro
 			healthPb.RegisterHealthServer(srv, hc)
 			hc.SetServingStatus(extProcPb.ExternalProcessor_ServiceDesc.ServiceName, healthPb.HealthCheckResponse_SERVING)
 		}
-		return grpcRunnable("ext-proc", srv, r.GrpcPort).Start(ctx)
-	})}
+		return GRPCServer("ext-proc", srv, r.GrpcPort).Start(ctx)
+	}))
 }
 
 // servingCredentials are the ext-proc server's TLS credentials: the pair in
-// certPath (tls.crt, tls.key), optionally reloaded, else a self-signed one.
+// certPath (tls.crt, tls.key), optionally reloaded, else a self-signed one
+// (AsRunnable's TLS setup).
 func servingCredentials(ctx context.Context, certPath string, reload bool) (credentials.TransportCredentials, error) {
 	if certPath == "" {
 		cert, err := selfSignedCertificate()
@@ -118,6 +131,11 @@ func servingCredentials(ctx context.Context, certPath string, reload bool) (cred
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return reloader.Get(), nil }}), nil
 }
 
+// selfSignedCertificate is CreateSelfSignedTLSCertificate
+// (internal/tls/tls.go).
+//
+// fleetinfer: an ECDSA P-256 key, where GIE's is RSA 4096, which takes
+// seconds to generate.
 func selfSignedCertificate() (tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -138,15 +156,17 @@ func selfSignedCertificate() (tls.Certificate, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
-// addHealthServer is GIE's registerHealthServer.
+// addHealthServer is registerHealthServer (cmd/epp/runner/runner.go).
 func addHealthServer(mgr manager.Manager, ds datastore.Datastore, port int, isLeader *atomic.Bool, leaderElection bool) error {
 	srv := grpc.NewServer()
 	healthPb.RegisterHealthServer(srv, &healthServer{ds: ds, isLeader: isLeader, leaderElection: leaderElection})
-	return mgr.Add(grpcRunnable("health", srv, port))
+	return mgr.Add(NoLeaderElection(GRPCServer("health", srv, port)))
 }
 
 // healthServer answers like GIE's (cmd/epp/runner/health.go): serving once
 // the pool is synced and, with leader election, on the leader only.
+//
+// fleetinfer: without GIE's log line per check.
 type healthServer struct {
 	healthPb.UnimplementedHealthServer
 	ds             datastore.Datastore

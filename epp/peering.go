@@ -1,5 +1,9 @@
 package epp
 
+// Peering: the federation's flags, and its server, subscriptions and file
+// watchers (package federation) built from them and run next to GIE's
+// servers.
+
 import (
 	"context"
 	"errors"
@@ -18,6 +22,7 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 )
 
 // FederationOptions are the federation's command-line flags. Federation is
@@ -149,7 +154,7 @@ func (f *federationParts) addTo(mgr manager.Manager) error {
 		grpc.MaxConcurrentStreams(1000))
 	federationv1.RegisterFederationServer(srv, f.publisher)
 	for _, r := range []manager.Runnable{
-		grpcRunnable("federation", srv, f.port),
+		gierunner.NoLeaderElection(gierunner.GRPCServer("federation", srv, f.port)),
 		runFunc(f.publisher.Run),
 		runFunc(func(ctx context.Context) error { return f.subscriber.Run(ctx, f.dir) }),
 		runFunc(f.dir.Run),
@@ -163,5 +168,5 @@ func (f *federationParts) addTo(mgr manager.Manager) error {
 }
 
 func runFunc(fn func(context.Context) error) manager.Runnable {
-	return noLeaderElection{manager.RunnableFunc(fn)}
+	return gierunner.NoLeaderElection(manager.RunnableFunc(fn))
 }

@@ -1,8 +1,6 @@
-package crosscluster
+package spill
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -19,115 +17,97 @@ import (
 
 var now = time.Now()
 
-func ep(name string, waiting int, kv float64, age time.Duration, cluster string) fwksched.Endpoint {
-	m := fwkdl.NewMetrics()
-	m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now.Add(-age)
-	attrs := fwkdl.NewAttributes()
-	if cluster != "" {
-		attrs.Put(federation.OriginAttribute, &federation.Origin{Cluster: cluster, Mode: federation.ModeEndpoint})
+// testPolicy is the policy of the default parameters, edited, at now.
+func testPolicy(tb testing.TB, edit func(*Params)) *Policy {
+	tb.Helper()
+	p := DefaultParams
+	if edit != nil {
+		edit(&p)
 	}
-	return fwksched.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}}, m, attrs)
-}
-
-func names(eps []fwksched.Endpoint) string {
-	var out []string
-	for _, e := range eps {
-		out = append(out, e.GetMetadata().NamespacedName.Name)
-	}
-	slices.Sort(out)
-	return strings.Join(out, ",")
-}
-
-func TestFilterKeepsTrafficLocalUntilLocalEndpointsSaturate(t *testing.T) {
-	fresh, stale := 10*time.Millisecond, time.Minute
-	tests := []struct {
-		name      string
-		endpoints []fwksched.Endpoint
-		want      string
-	}{
-		{"only local endpoints pass through", []fwksched.Endpoint{ep("l1", 9, 0, fresh, ""), ep("l2", 9, 0, fresh, "")}, "l1,l2"},
-		{"one local endpoint with headroom keeps all traffic local",
-			[]fwksched.Endpoint{ep("l1", 9, 0, fresh, ""), ep("l2", 1, 0, fresh, ""), ep("r1", 0, 0, fresh, "west")}, "l1,l2"},
-		{"saturated by queue: remote endpoints with headroom join",
-			[]fwksched.Endpoint{ep("l1", 5, 0, fresh, ""), ep("r1", 0, 0, fresh, "west"), ep("r2", 7, 0, fresh, "west")}, "l1,r1"},
-		{"saturated by KV cache", []fwksched.Endpoint{ep("l1", 0, 0.9, fresh, ""), ep("r1", 0, 0.1, fresh, "west")}, "l1,r1"},
-		{"stale local metrics count as saturated", []fwksched.Endpoint{ep("l1", 0, 0, stale, ""), ep("r1", 0, 0, fresh, "west")}, "l1,r1"},
-		{"no remote headroom: stay local", []fwksched.Endpoint{ep("l1", 9, 0, fresh, ""), ep("r1", 9, 0, fresh, "west")}, "l1"},
-		{"stale remote data is no headroom", []fwksched.Endpoint{ep("l1", 9, 0, fresh, ""), ep("r1", 0, 0, stale, "west")}, "l1"},
-		{"no local endpoints: remote ones with headroom", []fwksched.Endpoint{ep("r1", 9, 0, fresh, "west"), ep("r2", 0, 0, fresh, "east")}, "r2"},
-		{"no local endpoints and no headroom: all remote", []fwksched.Endpoint{ep("r1", 9, 0, fresh, "west")}, "r1"},
-	}
-	p, err := FilterFactory("f", nil, nil)
+	policy, err := New(p, func() time.Time { return now })
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	f := p.(*Filter)
-	f.now = func() time.Time { return now }
-	for _, tc := range tests {
+	return policy
+}
+
+func TestHeadroomIsFreshMetricsBelowBothThresholds(t *testing.T) {
+	fresh, stale := 10*time.Millisecond, time.Minute
+	ep := func(waiting int, kv float64, age time.Duration, remote bool) fwksched.Endpoint {
+		m := fwkdl.NewMetrics()
+		m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now.Add(-age)
+		attrs := fwkdl.NewAttributes()
+		if remote {
+			attrs.Put(federation.OriginAttribute, &federation.Origin{Cluster: "west"})
+		}
+		return fwksched.NewEndpoint(&fwkdl.EndpointMetadata{}, m, attrs)
+	}
+	p := testPolicy(t, nil)
+	for _, tc := range []struct {
+		name string
+		ep   fwksched.Endpoint
+		want bool
+	}{
+		{"fresh and below both thresholds", ep(4, 0.79, fresh, false), true},
+		{"queue at the threshold", ep(5, 0, fresh, false), false},
+		{"KV cache at the threshold", ep(0, 0.8, fresh, false), false},
+		{"stale local metrics", ep(0, 0, stale, false), false},
+		{"local metrics older than the local threshold", ep(0, 0, 500*time.Millisecond, false), false},
+		{"remote data within the remote threshold", ep(0, 0, 500*time.Millisecond, true), true},
+		{"stale remote data", ep(0, 0, 2*time.Second, true), false},
+		{"remote queue at the threshold", ep(5, 0, fresh, true), false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := names(f.Filter(context.Background(), nil, nil, tc.endpoints)); got != tc.want {
-				t.Fatalf("kept %s, want %s", got, tc.want)
+			if got := p.HasRoom(tc.ep); got != tc.want {
+				t.Fatalf("HasRoom = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	local := func(eps ...fwksched.Endpoint) []fwkdl.Endpoint {
+		out := make([]fwkdl.Endpoint, len(eps))
+		for i, e := range eps {
+			out[i] = fwkdl.NewEndpoint(e.GetMetadata(), e.GetMetrics())
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		local []fwkdl.Endpoint
+		want  bool
+	}{
+		{"one local endpoint with headroom keeps requests local", local(ep(9, 0, fresh, false), ep(1, 0, fresh, false)), false},
+		{"saturated by queue", local(ep(5, 0, fresh, false), ep(9, 0, fresh, false)), true},
+		{"saturated by KV cache", local(ep(0, 0.9, fresh, false)), true},
+		{"stale local metrics count as saturated", local(ep(0, 0, stale, false)), true},
+		{"no local endpoints", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := p.Saturated(tc.local); got != tc.want {
+				t.Fatalf("Saturated = %v, want %v", got, tc.want)
 			}
 		})
 	}
 }
 
-func TestScorerChargesRemoteEndpointsTheirClusterCost(t *testing.T) {
-	p, err := ScorerFactory("s", json.RawMessage(`{"networkCost": 0.4, "clusterCosts": {"east": 0.1}}`), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	local, west, east := ep("l", 0, 0, 0, ""), ep("w", 0, 0, 0, "west"), ep("e", 0, 0, 0, "east")
-	got := p.(*Scorer).Score(context.Background(), nil, nil, []fwksched.Endpoint{local, west, east})
-	for e, want := range map[fwksched.Endpoint]float64{local: 1, west: 0.6, east: 0.9} {
-		if got[e] != want {
-			t.Errorf("%s scored %v, want %v", e.GetMetadata().NamespacedName.Name, got[e], want)
-		}
-	}
-	if got := p.(*Scorer).Score(context.Background(), nil, nil, []fwksched.Endpoint{local, ep("l2", 0, 0, 0, "")}); len(got) != 0 {
-		t.Errorf("only local candidates scored %v, want none", got)
-	}
-}
-
-func TestFactoriesRefuseInvalidParameters(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		make func() error
-	}{
-		{"filter: negative queue threshold", func() error {
-			_, err := FilterFactory("f", json.RawMessage(`{"queueDepthThreshold": -1}`), nil)
-			return err
-		}},
-		{"filter: KV threshold above 1", func() error {
-			_, err := FilterFactory("f", json.RawMessage(`{"kvCacheUtilThreshold": 80}`), nil)
-			return err
-		}},
-		{"filter: duration not a string", func() error {
-			_, err := FilterFactory("f", json.RawMessage(`{"metricsStalenessThreshold": 200}`), nil)
-			return err
-		}},
-		{"filter: no local candidates on spill", func() error {
-			_, err := FilterFactory("f", json.RawMessage(`{"maxLocalCandidatesOnSpill": 0}`), nil)
-			return err
-		}},
-		{"scorer: cost above 1", func() error {
-			_, err := ScorerFactory("s", json.RawMessage(`{"networkCost": 2}`), nil)
-			return err
-		}},
-		{"scorer: NaN-like cluster cost", func() error {
-			_, err := ScorerFactory("s", json.RawMessage(`{"clusterCosts": {"west": -0.1}}`), nil)
-			return err
-		}},
+func TestNewRefusesInvalidParameters(t *testing.T) {
+	for name, edit := range map[string]func(*Params){
+		"negative queue threshold":     func(p *Params) { p.QueueDepthThreshold = -1 },
+		"KV threshold above 1":         func(p *Params) { p.KVCacheUtilThreshold = 80 },
+		"no staleness threshold":       func(p *Params) { p.MetricsStalenessThreshold = 0 },
+		"no remote candidates":         func(p *Params) { p.MaxRemoteCandidates = 0 },
+		"no local candidates on spill": func(p *Params) { p.MaxLocalCandidatesOnSpill = 0 },
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.make() == nil {
+		t.Run(name, func(t *testing.T) {
+			p := DefaultParams
+			edit(&p)
+			if _, err := New(p, time.Now); err == nil {
 				t.Fatal("accepted")
 			}
 		})
 	}
 }
 
-func TestRemoteCandidatesAreTheLeastLoadedFewAndOnlyOnSpill(t *testing.T) {
+func TestRemoteIsTheLeastLoadedFewAndOnlyOnSpill(t *testing.T) {
 	dl := func(name string, waiting int, kv float64) *fwkdl.ModelServer {
 		m := fwkdl.NewMetrics()
 		m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now.Add(-time.Minute)
@@ -165,19 +145,14 @@ func TestRemoteCandidatesAreTheLeastLoadedFewAndOnlyOnSpill(t *testing.T) {
 				dl("e-stale", 0, 0): 3 * time.Second})}, Stale: remote.Stale}, "e-busy,e-full,e-old"},
 		{"no peers", []fwkdl.Endpoint{dl("l", 7, 0)}, federation.Remote{Stale: remote.Stale}, ""},
 	}
-	p, err := FilterFactory("f", json.RawMessage(`{"maxRemoteCandidates": 3}`), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := p.(*Filter)
-	f.now = func() time.Time { return now }
+	policy := testPolicy(t, func(p *Params) { p.MaxRemoteCandidates = 3 })
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			// The peers are visited from a random one; the result must not
 			// depend on it.
 			for range 20 {
 				var got []string
-				for _, e := range f.RemoteCandidates(tc.local, tc.remote) {
+				for _, e := range policy.Remote(tc.local, tc.remote) {
 					if e.GetMetrics().UpdateTime.Before(now.Add(-2 * time.Second)) {
 						t.Fatalf("%s dated %v: stale", e.GetMetadata().NamespacedName.Name, e.GetMetrics().UpdateTime)
 					}
@@ -192,19 +167,14 @@ func TestRemoteCandidatesAreTheLeastLoadedFewAndOnlyOnSpill(t *testing.T) {
 	}
 }
 
-func TestLocalCandidatesOnSpillAreTheLeastLoadedFew(t *testing.T) {
+func TestLocalOnSpillIsTheLeastLoadedFew(t *testing.T) {
 	dl := func(name string, waiting int, kv float64) fwkdl.Endpoint {
 		m := fwkdl.NewMetrics()
 		m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now
 		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}}, m)
 	}
 	noMetrics := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: "unscraped"}}, nil)
-	p, err := FilterFactory("f", json.RawMessage(`{"maxLocalCandidatesOnSpill": 3}`), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := p.(*Filter)
-	f.now = func() time.Time { return now }
+	policy := testPolicy(t, func(p *Params) { p.MaxLocalCandidatesOnSpill = 3 })
 	for _, tc := range []struct {
 		name  string
 		local []fwkdl.Endpoint
@@ -218,7 +188,7 @@ func TestLocalCandidatesOnSpillAreTheLeastLoadedFew(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			for range 20 {
 				var got []string
-				for _, e := range f.LocalCandidates(tc.local) {
+				for _, e := range policy.Local(tc.local) {
 					got = append(got, e.GetMetadata().NamespacedName.Name)
 				}
 				slices.Sort(got)
@@ -235,7 +205,7 @@ func TestLocalCandidatesOnSpillAreTheLeastLoadedFew(t *testing.T) {
 		}
 		kept := map[string]bool{}
 		for range 50 {
-			for _, e := range f.LocalCandidates(local) {
+			for _, e := range policy.Local(local) {
 				kept[e.GetMetadata().NamespacedName.Name] = true
 			}
 		}
@@ -245,16 +215,14 @@ func TestLocalCandidatesOnSpillAreTheLeastLoadedFew(t *testing.T) {
 	})
 }
 
-func TestRemoteCandidatesCarryTheViewsFreshness(t *testing.T) {
+func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
 	m := fwkdl.NewMetrics()
 	m.UpdateTime = now.Add(-time.Minute) // the scrape, before watermarks vouched for it
 	ep := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: "r"}}, m)
 	ep.GetAttributes().Put(federation.OriginAttribute, &federation.Origin{Cluster: "w"})
 	v := federation.NewView(&federation.Origin{Cluster: "w"}, []federation.Entry{{Endpoint: ep, Updated: now.Add(-20 * time.Millisecond)}})
-	p, _ := FilterFactory("f", nil, nil)
-	f := p.(*Filter)
-	f.now = func() time.Time { return now }
-	got := f.RemoteCandidates(nil, federation.Remote{Peers: []*federation.View{v}, Stale: now.Add(-2 * time.Second)})
+	policy := testPolicy(t, nil)
+	got := policy.Remote(nil, federation.Remote{Peers: []*federation.View{v}, Stale: now.Add(-2 * time.Second)})
 	if len(got) != 1 || !got[0].GetMetrics().UpdateTime.Equal(now.Add(-20*time.Millisecond)) {
 		t.Fatalf("got %v", got)
 	}
@@ -263,9 +231,9 @@ func TestRemoteCandidatesCarryTheViewsFreshness(t *testing.T) {
 	}
 }
 
-// BenchmarkRemoteCandidates picks the 16 least loaded of 10 peers × 90
+// BenchmarkRemote picks the 16 least loaded of 10 peers × 90
 // endpoints, as a spilled pick does.
-func BenchmarkRemoteCandidates(b *testing.B) {
+func BenchmarkRemote(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	remote := federation.Remote{Stale: now.Add(-2 * time.Second)}
 	for c := range 10 {
@@ -278,27 +246,11 @@ func BenchmarkRemoteCandidates(b *testing.B) {
 		remote.Peers = append(remote.Peers, federation.NewView(&federation.Origin{Cluster: fmt.Sprint(c)}, entries))
 	}
 	local := []fwkdl.Endpoint{fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{}, &fwkdl.Metrics{WaitingQueueSize: 10, UpdateTime: now})}
-	p, _ := FilterFactory("f", nil, nil)
-	f := p.(*Filter)
-	f.now = func() time.Time { return now }
+	policy := testPolicy(b, nil)
 	b.ReportAllocs()
 	for b.Loop() {
-		if len(f.RemoteCandidates(local, remote)) != 16 {
+		if len(policy.Remote(local, remote)) != 16 {
 			b.Fatal("not 16")
 		}
-	}
-}
-
-// BenchmarkFilterLocalOnly is the filter in a scheduling cycle without a
-// spill: 100 local candidates.
-func BenchmarkFilterLocalOnly(b *testing.B) {
-	eps := make([]fwksched.Endpoint, 100)
-	for i := range eps {
-		eps[i] = ep(fmt.Sprint(i), 0, 0.3, time.Millisecond, "")
-	}
-	p, _ := FilterFactory("f", nil, nil)
-	b.ReportAllocs()
-	for b.Loop() {
-		p.(*Filter).Filter(context.Background(), nil, nil, eps)
 	}
 }

@@ -1,0 +1,31 @@
+package epp
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetinfer/fleetinfer/epp/federation"
+)
+
+// The EPP's own metrics, counted on the request path. The runner registers
+// metricCollectors() next to GIE's.
+var (
+	// picks is counted by the director, which knows where a pick went.
+	picks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_picks_total",
+		Help: "Requests scheduled, by whether the primary endpoint is local or remote, and its cluster (empty for local).",
+	}, []string{"locality", "cluster"})
+	// localPicks is picks' local series, looked up once: it is counted on
+	// every pick that stays in the cluster.
+	localPicks = picks.WithLabelValues("local", "")
+	// subsetHints is counted by the candidate lookup.
+	subsetHints = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_subset_hints_total",
+		Help: "Requests that carried a subset hint, by result: honoured (a hinted endpoint exists), fallback (none does; own pick, FailOpen) or rejected (none does; FailClose).",
+	}, []string{"result"})
+)
+
+// metricCollectors returns every fleetinfer EPP metric: the federation's and the
+// request path's.
+func metricCollectors() []prometheus.Collector {
+	return append(federation.Collectors(), picks, subsetHints)
+}

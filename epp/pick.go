@@ -1,0 +1,72 @@
+package epp
+
+import (
+	"context"
+
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+)
+
+// pick is one request's scheduling outcome as fleetinfer needs it for
+// remote picks.
+type pick struct {
+	// targets are the primary profile's endpoints, in order.
+	targets []fwksched.Endpoint
+	// hint is the x-gateway-destination-endpoint-subset header value for a
+	// Parent-mode pick.
+	hint string
+}
+
+// pickKey is the context key of a request's *pick, the one piece of
+// per-request state fleetinfer adds to GIE's request path.
+//
+// extProcServer.Process puts a new *pick in the context of each ext-proc
+// stream (one stream is one request), and GIE passes that context down to
+// its Director, the candidate lookup and the plugins. Then, in order:
+//
+//   - pickRecorder (a PreRequest plugin) writes the targets;
+//   - director reads the targets and writes the hint;
+//   - hintingStream reads the hint into the request-headers response;
+//   - candidates reads nothing, but asks forRequest whether there is a pick.
+//
+// A context without a *pick is not a request's: flow control's dispatch
+// cycle calls the candidate lookup with its own context, to probe the pool's
+// saturation, and no pick follows.
+type pickKey struct{}
+
+// withPick returns ctx carrying a new, empty pick.
+func withPick(ctx context.Context) context.Context {
+	return context.WithValue(ctx, pickKey{}, &pick{})
+}
+
+// pickOf returns the request's pick, nil outside a request (see pickKey).
+func pickOf(ctx context.Context) *pick {
+	p, _ := ctx.Value(pickKey{}).(*pick)
+	return p
+}
+
+// forRequest reports whether a candidate lookup is for a request, as the
+// Director's (and, for sheddable requests, legacy admission's) are, rather
+// than a flow-control probe (see pickKey).
+func forRequest(ctx context.Context) bool { return pickOf(ctx) != nil }
+
+// pickRecorderType is the PreRequest plugin the runner adds before the
+// configured ones; it is internal and not configurable.
+const pickRecorderType = "fleetinfer-pick-recorder"
+
+// pickRecorder records the primary profile's targets in the request's pick.
+type pickRecorder struct{}
+
+func (pickRecorder) TypedName() fwkplugin.TypedName {
+	return fwkplugin.TypedName{Type: pickRecorderType, Name: pickRecorderType}
+}
+
+func (pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
+	p := pickOf(ctx)
+	if p == nil || result == nil {
+		return
+	}
+	if r := result.ProfileResults[result.PrimaryProfileName]; r != nil {
+		p.targets = r.TargetEndpoints
+	}
+}
