@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/fleetinfer/fleetinfer/epp/federation"
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
@@ -81,7 +81,7 @@ type fedCluster struct {
 // holds its peers' pods.
 func startFederation(t *testing.T, simArgs map[string]string, replicas map[string]int32) (string, map[string]*fedCluster, *federationtest.CA) {
 	t.Helper()
-	modes := []federation.Mode{federation.ModeEndpoint, federation.ModeEndpoint, federation.ModeParent}
+	modes := []fleetv1alpha1.FederationMode{fleetv1alpha1.FederationEndpoint, fleetv1alpha1.FederationEndpoint, fleetv1alpha1.FederationParent}
 	opts := fedpool.Options{Namespace: fmt.Sprintf("epp-fed-%d", time.Now().UnixNano()%100000), Pool: fedPool, EPPConfig: fedEPPConfig}
 	for i, s := range fl.Spokes {
 		opts.Members = append(opts.Members, &fedpool.Member{Cluster: s, Replicas: replicas[s.Name()], SimArgs: simArgs[s.Name()], Mode: modes[i]})

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
 
@@ -41,7 +42,7 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	}
 	parent := slices.ContainsFunc(p.targets, func(t fwksched.Endpoint) bool {
 		o := federation.OriginOf(t)
-		return o != nil && o.Mode == federation.ModeParent
+		return o != nil && o.Mode == fleetv1alpha1.FederationParent
 	})
 	if !parent {
 		// GIE's destination, every target's ip:port, is already right.
@@ -51,7 +52,7 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	var hint []string
 	for _, t := range p.targets {
 		addr := federation.PodAddress(t.GetMetadata())
-		if o := federation.OriginOf(t); o != nil && o.Mode == federation.ModeParent {
+		if o := federation.OriginOf(t); o != nil && o.Mode == fleetv1alpha1.FederationParent {
 			hint = append(hint, addr)
 			addr = o.Gateway
 		}

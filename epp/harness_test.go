@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
@@ -83,8 +84,8 @@ func endpoint(name, addr string, waiting int, origin *federation.Origin) fwkdl.E
 }
 
 var (
-	west    = &federation.Origin{Cluster: "west", Mode: federation.ModeEndpoint}
-	central = &federation.Origin{Cluster: "central", Mode: federation.ModeParent, Gateway: "127.13.0.99:8080"}
+	west    = &federation.Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}
+	central = &federation.Origin{Cluster: "central", Mode: fleetv1alpha1.FederationParent, Gateway: "127.13.0.99:8080"}
 )
 
 const testConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
@@ -50,7 +51,7 @@ type FederationOptions struct {
 // NewFederationOptions returns the defaults.
 func NewFederationOptions() *FederationOptions {
 	return &FederationOptions{
-		Port: 9004, Mode: string(federation.ModeEndpoint), Staleness: 2 * time.Second,
+		Port: fleetv1alpha1.FederationPort, Mode: string(fleetv1alpha1.FederationEndpoint), Staleness: 2 * time.Second,
 		PublishInterval: 50 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
 		MaxEndpoints: federation.DefaultLimits.MaxEndpoints, MaxMessageBytes: federation.DefaultLimits.MaxMessageBytes,
 		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
@@ -60,13 +61,13 @@ func NewFederationOptions() *FederationOptions {
 
 // AddFlags adds the federation flags to fs.
 func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Cluster, "federation-cluster", o.Cluster, "This cluster's name; peer directory entries of this cluster are skipped.")
-	fs.StringVar(&o.PeersFile, "federation-peers-file", o.PeersFile, "Peer directory file (YAML or JSON, reloaded on change); enables federation.")
-	fs.IntVar(&o.Port, "federation-port", o.Port, "Port of the federation gRPC server (mTLS).")
-	fs.StringVar(&o.CertFile, "federation-cert-file", o.CertFile, "PEM certificate of this EPP's federation identity (reloaded on change).")
-	fs.StringVar(&o.KeyFile, "federation-key-file", o.KeyFile, "PEM private key of the federation certificate (reloaded on change).")
-	fs.StringVar(&o.CAFile, "federation-ca-file", o.CAFile, "PEM CA bundle that signs peers' certificates (reloaded on change).")
-	fs.StringVar(&o.Mode, "federation-mode", o.Mode, "How requests reach peers' pods when their entry does not say: Endpoint (pod ip:port) or Parent (peer gateway plus subset hint).")
+	fs.StringVar(&o.Cluster, fleetv1alpha1.FlagFederationCluster, o.Cluster, "This cluster's name; peer directory entries of this cluster are skipped.")
+	fs.StringVar(&o.PeersFile, fleetv1alpha1.FlagFederationPeersFile, o.PeersFile, "Peer directory file (YAML or JSON, reloaded on change); enables federation.")
+	fs.IntVar(&o.Port, fleetv1alpha1.FlagFederationPort, o.Port, "Port of the federation gRPC server (mTLS).")
+	fs.StringVar(&o.CertFile, fleetv1alpha1.FlagFederationCertFile, o.CertFile, "PEM certificate of this EPP's federation identity (reloaded on change).")
+	fs.StringVar(&o.KeyFile, fleetv1alpha1.FlagFederationKeyFile, o.KeyFile, "PEM private key of the federation certificate (reloaded on change).")
+	fs.StringVar(&o.CAFile, fleetv1alpha1.FlagFederationCAFile, o.CAFile, "PEM CA bundle that signs peers' certificates (reloaded on change).")
+	fs.StringVar(&o.Mode, fleetv1alpha1.FlagFederationMode, o.Mode, "How requests reach peers' pods when their entry does not say: Endpoint (pod ip:port) or Parent (peer gateway plus subset hint).")
 	fs.DurationVar(&o.Staleness, "federation-staleness", o.Staleness, "Remote endpoints whose data is older are not candidates; a silent peer is disconnected after this long.")
 	fs.DurationVar(&o.PublishInterval, "federation-publish-interval", o.PublishInterval, "How often local changes are sent to subscribers.")
 	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
@@ -86,7 +87,7 @@ func (o *FederationOptions) Validate() error {
 	if o.CertFile == "" || o.KeyFile == "" || o.CAFile == "" {
 		errs = append(errs, errors.New("--federation-cert-file, --federation-key-file and --federation-ca-file are required: peers authenticate with mTLS"))
 	}
-	if _, err := federation.ParseMode(o.Mode); err != nil {
+	if _, err := fleetv1alpha1.ParsePeerMode(o.Mode); err != nil {
 		errs = append(errs, err)
 	}
 	if o.Port <= 0 || o.Port > 65535 {
@@ -117,7 +118,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		return &federationParts{}, nil
 	}
 	log = log.WithName("federation")
-	mode, _ := federation.ParseMode(o.Mode)
+	mode, _ := fleetv1alpha1.ParsePeerMode(o.Mode)
 	dir := &federation.DirectoryFile{Path: o.PeersFile, Interval: o.ReloadInterval, Log: log}
 	if err := dir.Load(); err != nil {
 		return nil, err

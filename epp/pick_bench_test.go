@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
@@ -179,7 +180,7 @@ func federatedStore(b *testing.B, peers, perPeer int) *federation.Store {
 		b.Fatal(err)
 	}
 	store := federation.NewStore(time.Hour)
-	sub := federation.NewSubscriber(federation.SubscriberOptions{Cluster: "local", Pool: pool, DefaultMode: federation.ModeEndpoint,
+	sub := federation.NewSubscriber(federation.SubscriberOptions{Cluster: "local", Pool: pool, DefaultMode: fleetv1alpha1.FederationEndpoint,
 		Store: store, Credentials: creds("local"), Limits: federation.DefaultLimits,
 		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, Log: logr.Discard()})
 	done := make(chan struct{})

@@ -43,7 +43,7 @@
 //
 // An EPP takes the entries of its pool (and those without a pool) except its
 // own cluster's (--federation-cluster). It subscribes to each, and serves
-// only the identities listed. See federation.PeerDirectory.
+// only the identities listed. The format is PeerDirectory in apis/fleet/v1alpha1.
 package epp
 
 import (

@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 )
 
@@ -24,7 +25,7 @@ func FuzzDecodeAndApply(f *testing.F) {
 	f.Add([]byte{0x08, 0x01}, []byte{0xff})
 	limits := Limits{MaxMessageBytes: 64 << 10, MaxEndpoints: 64}
 	f.Fuzz(func(t *testing.T, a, b []byte) {
-		p := newPeerState(&Origin{Cluster: "west", Mode: ModeEndpoint}, "llm", limits)
+		p := newPeerState(&Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}, "llm", limits)
 		for _, data := range [][]byte{a, b} {
 			u, err := DecodeUpdate(data, limits)
 			if err != nil {

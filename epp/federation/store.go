@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 )
 
@@ -32,7 +33,7 @@ type Origin struct {
 	Cluster string
 	// Mode says whether requests go to the pod itself (Endpoint) or to its
 	// cluster's gateway with the pod as subset hint (Parent).
-	Mode Mode
+	Mode fleetv1alpha1.FederationMode
 	// Gateway is the cluster's gateway address (host:port), for Parent mode.
 	Gateway string
 }

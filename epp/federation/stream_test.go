@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 )
@@ -114,7 +115,7 @@ func loadCreds(t *testing.T, ca *federationtest.CA, dir, identity string) *Crede
 	return c
 }
 
-func writeDirectory(t *testing.T, peers ...Peer) *DirectoryFile {
+func writeDirectory(t *testing.T, peers ...fleetv1alpha1.Peer) *DirectoryFile {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "peers.yaml")
 	writeDirectoryFile(t, path, peers...)
@@ -125,7 +126,7 @@ func writeDirectory(t *testing.T, peers ...Peer) *DirectoryFile {
 	return d
 }
 
-func writeDirectoryFile(t *testing.T, path string, peers ...Peer) {
+func writeDirectoryFile(t *testing.T, path string, peers ...fleetv1alpha1.Peer) {
 	t.Helper()
 	s := "peers:\n"
 	for _, p := range peers {
@@ -140,7 +141,7 @@ func writeDirectoryFile(t *testing.T, path string, peers ...Peer) {
 func subscribe(t *testing.T, self string, creds *Credentials, dir *DirectoryFile) *Store {
 	t.Helper()
 	store := NewStore(time.Second)
-	sub := NewSubscriber(SubscriberOptions{Cluster: self, Pool: testPool, DefaultMode: ModeEndpoint, Store: store,
+	sub := NewSubscriber(SubscriberOptions{Cluster: self, Pool: testPool, DefaultMode: fleetv1alpha1.FederationEndpoint, Store: store,
 		Credentials: creds, Limits: DefaultLimits, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Log: logr.Discard()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -180,15 +181,15 @@ func TestSubscriberMirrorsPeerPodsAndFollowsChangesAndRemovals(t *testing.T) {
 	// Both clusters read the same directory, as the hub would publish it.
 	path := filepath.Join(t.TempDir(), "peers.yaml")
 	dir := &DirectoryFile{Path: path, Interval: 20 * time.Millisecond, Log: logr.Discard()}
-	writeDirectoryFile(t, path, Peer{Cluster: "east", FederationAddress: "127.0.0.1:1", Identity: "spiffe://fleet.test/east"})
+	writeDirectoryFile(t, path, fleetv1alpha1.Peer{Cluster: "east", FederationAddress: "127.0.0.1:1", Identity: "spiffe://fleet.test/east"})
 	if err := dir.Load(); err != nil {
 		t.Fatal(err)
 	}
 	west := newCluster(t, ca, "west", dir)
 	east := newCluster(t, ca, "east", dir)
 	writeDirectoryFile(t, path,
-		Peer{Cluster: "east", FederationAddress: east.addr, Identity: east.identity},
-		Peer{Cluster: "west", FederationAddress: west.addr, Identity: west.identity})
+		fleetv1alpha1.Peer{Cluster: "east", FederationAddress: east.addr, Identity: east.identity},
+		fleetv1alpha1.Peer{Cluster: "west", FederationAddress: west.addr, Identity: west.identity})
 	if err := dir.Load(); err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestSubscriberMirrorsPeerPodsAndFollowsChangesAndRemovals(t *testing.T) {
 		if m.WaitingQueueSize != 3 || m.KVCacheUsagePercent != 0.25 {
 			return fmt.Errorf("metrics %+v", m)
 		}
-		if o := OriginOf(b.GetAttributes()); o == nil || o.Cluster != "west" || o.Mode != ModeEndpoint {
+		if o := OriginOf(b.GetAttributes()); o == nil || o.Cluster != "west" || o.Mode != fleetv1alpha1.FederationEndpoint {
 			return fmt.Errorf("origin %+v", o)
 		}
 		return nil
@@ -243,7 +244,7 @@ func TestPublisherRefusesIdentityOutsideTheDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := writeDirectory(t, Peer{Cluster: "east", FederationAddress: "127.0.0.1:1", Identity: "spiffe://fleet.test/east"})
+	dir := writeDirectory(t, fleetv1alpha1.Peer{Cluster: "east", FederationAddress: "127.0.0.1:1", Identity: "spiffe://fleet.test/east"})
 	west := newCluster(t, ca, "west", dir)
 	west.local.set(localPod("a", "127.12.0.1", 0))
 	// A certificate from the right CA with an identity nobody listed.
@@ -273,7 +274,7 @@ func TestSubscriberRefusesServerWithAnotherIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := writeDirectory(t, Peer{Cluster: "east", FederationAddress: "127.0.0.1:1", Identity: "spiffe://fleet.test/east"})
+	dir := writeDirectory(t, fleetv1alpha1.Peer{Cluster: "east", FederationAddress: "127.0.0.1:1", Identity: "spiffe://fleet.test/east"})
 	west := newCluster(t, ca, "west", dir)
 	creds := loadCreds(t, ca, t.TempDir(), "spiffe://fleet.test/east")
 	// East expects someone else at west's address.
@@ -307,7 +308,7 @@ func TestSubscriberReconnectsWhenThePeerComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "peers.yaml")
-	writeDirectoryFile(t, path, Peer{Cluster: "east", FederationAddress: "127.0.0.1:1", Identity: "spiffe://fleet.test/east"})
+	writeDirectoryFile(t, path, fleetv1alpha1.Peer{Cluster: "east", FederationAddress: "127.0.0.1:1", Identity: "spiffe://fleet.test/east"})
 	dir := &DirectoryFile{Path: path, Interval: 20 * time.Millisecond, Log: logr.Discard()}
 	if err := dir.Load(); err != nil {
 		t.Fatal(err)
@@ -315,8 +316,8 @@ func TestSubscriberReconnectsWhenThePeerComesBack(t *testing.T) {
 	west := newCluster(t, ca, "west", dir)
 	east := newCluster(t, ca, "east", dir)
 	west.local.set(localPod("a", "127.12.0.1", 0))
-	writeDirectoryFile(t, path, Peer{Cluster: "east", FederationAddress: east.addr, Identity: east.identity},
-		Peer{Cluster: "west", FederationAddress: west.addr, Identity: west.identity})
+	writeDirectoryFile(t, path, fleetv1alpha1.Peer{Cluster: "east", FederationAddress: east.addr, Identity: east.identity},
+		fleetv1alpha1.Peer{Cluster: "west", FederationAddress: west.addr, Identity: west.identity})
 	if err := dir.Load(); err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"k8s.io/apimachinery/pkg/types"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 )
 
@@ -27,7 +28,7 @@ type SubscriberOptions struct {
 	Cluster string
 	Pool    types.NamespacedName
 	// DefaultMode applies to peers that do not set one.
-	DefaultMode Mode
+	DefaultMode fleetv1alpha1.FederationMode
 	Store       *Store
 	Credentials *Credentials
 	Limits      Limits
@@ -49,7 +50,7 @@ type Subscriber struct {
 }
 
 type peerRun struct {
-	peer   Peer
+	peer   fleetv1alpha1.Peer
 	cancel context.CancelFunc
 }
 
@@ -88,8 +89,8 @@ func Authorize(dir *DirectoryFile, pool types.NamespacedName, self string) func(
 	}
 }
 
-func (s *Subscriber) sync(ctx context.Context, d *PeerDirectory) {
-	want := map[string]Peer{}
+func (s *Subscriber) sync(ctx context.Context, d *fleetv1alpha1.PeerDirectory) {
+	want := map[string]fleetv1alpha1.Peer{}
 	for _, p := range d.For(s.opts.Pool, s.opts.Cluster) {
 		if p.Mode == "" {
 			p.Mode = s.opts.DefaultMode
@@ -118,13 +119,13 @@ func (s *Subscriber) sync(ctx context.Context, d *PeerDirectory) {
 	}
 }
 
-func samePeer(a, b Peer) bool {
+func samePeer(a, b fleetv1alpha1.Peer) bool {
 	return a.Cluster == b.Cluster && a.FederationAddress == b.FederationAddress &&
 		a.GatewayAddress == b.GatewayAddress && a.Identity == b.Identity && a.Mode == b.Mode
 }
 
 // follow subscribes to one peer until ctx ends, reconnecting with backoff.
-func (s *Subscriber) follow(ctx context.Context, p Peer) {
+func (s *Subscriber) follow(ctx context.Context, p fleetv1alpha1.Peer) {
 	log := s.opts.Log.WithValues("peer", p.Cluster, "address", p.FederationAddress)
 	origin := &Origin{Cluster: p.Cluster, Mode: p.Mode, Gateway: p.GatewayAddress}
 	backoff := s.opts.MinBackoff
@@ -152,7 +153,7 @@ func (s *Subscriber) follow(ctx context.Context, p Peer) {
 }
 
 // stream runs one subscription and returns why it ended.
-func (s *Subscriber) stream(ctx context.Context, p Peer, origin *Origin) (string, error) {
+func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *Origin) (string, error) {
 	staleAfter := s.opts.Store.StaleAfter()
 	// A static flow-control window turns gRPC's bandwidth estimation off: it
 	// pinged (and the peer acknowledged) on received data, which doubled the

@@ -28,7 +28,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fleetinfer/fleetinfer/epp/federation"
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
@@ -55,7 +55,7 @@ type Member struct {
 	SimArgs  string
 	// Mode is how the other clusters' EPPs reach this cluster's pods
 	// (default Endpoint).
-	Mode federation.Mode
+	Mode fleetv1alpha1.FederationMode
 
 	Cluster  *fleet.Cluster
 	Identity string
@@ -138,7 +138,7 @@ func Deploy(ctx context.Context, o Options) (*Pool, error) {
 	p := &Pool{Options: o, CA: ca}
 	for _, m := range o.Members {
 		if m.Mode == "" {
-			m.Mode = federation.ModeEndpoint
+			m.Mode = fleetv1alpha1.FederationEndpoint
 		}
 		m.Identity = "spiffe://fleetinfer.test/" + m.Cluster.Name() + "/epp"
 		if err := p.create(ctx, m); err != nil {
@@ -147,7 +147,7 @@ func Deploy(ctx context.Context, o Options) (*Pool, error) {
 	}
 	// The directory needs the pickers' pod addresses, so it is written once
 	// they are known; the pickers reload it.
-	dir := federation.PeerDirectory{}
+	dir := fleetv1alpha1.PeerDirectory{}
 	for _, m := range o.Members {
 		if err := Wait(ctx, o.Timeout, m.Cluster.Name()+" EPP ready", func(ctx context.Context) error {
 			if err := m.Cluster.Client.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: EPPName(o.Pool)}, &m.EPP); err != nil {
@@ -160,8 +160,8 @@ func Deploy(ctx context.Context, o Options) (*Pool, error) {
 		}); err != nil {
 			return nil, err
 		}
-		dir.Peers = append(dir.Peers, federation.Peer{Cluster: m.Cluster.Name(),
-			Pool:              &federation.PoolRef{Namespace: o.Namespace, Name: o.Pool},
+		dir.Peers = append(dir.Peers, fleetv1alpha1.Peer{Cluster: m.Cluster.Name(),
+			Pool:              &fleetv1alpha1.PoolRef{Namespace: o.Namespace, Name: o.Pool},
 			FederationAddress: m.EPPAddr(FederationPort), GatewayAddress: m.GatewayPeerAddr(), Identity: m.Identity, Mode: m.Mode})
 	}
 	peers, err := yaml.Marshal(dir)

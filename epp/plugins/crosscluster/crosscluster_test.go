@@ -13,6 +13,7 @@ import (
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
@@ -24,7 +25,7 @@ func ep(name string, waiting int, kv float64, age time.Duration, cluster string)
 	m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now.Add(-age)
 	attrs := fwkdl.NewAttributes()
 	if cluster != "" {
-		attrs.Put(federation.OriginAttribute, &federation.Origin{Cluster: cluster, Mode: federation.ModeEndpoint})
+		attrs.Put(federation.OriginAttribute, &federation.Origin{Cluster: cluster, Mode: fleetv1alpha1.FederationEndpoint})
 	}
 	return fwksched.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}}, m, attrs)
 }

@@ -1,4 +1,4 @@
-package federation
+package v1alpha1
 
 import (
 	"strings"
@@ -7,7 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-func TestParseDirectoryValidatesEntries(t *testing.T) {
+func TestParsePeerDirectoryValidatesEntries(t *testing.T) {
 	tests := []struct {
 		name, yaml, wantErr string
 	}{
@@ -23,7 +23,7 @@ func TestParseDirectoryValidatesEntries(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseDirectory([]byte(tc.yaml))
+			_, err := ParsePeerDirectory([]byte(tc.yaml))
 			if tc.wantErr == "" && err != nil {
 				t.Fatal(err)
 			}
@@ -34,8 +34,8 @@ func TestParseDirectoryValidatesEntries(t *testing.T) {
 	}
 }
 
-func TestDirectoryForSelectsThePoolsPeersButNotItself(t *testing.T) {
-	d, err := ParseDirectory([]byte(`peers:
+func TestPeerDirectoryForSelectsThePoolsPeersButNotItself(t *testing.T) {
+	d, err := ParsePeerDirectory([]byte(`peers:
 - {cluster: east, federationAddress: "a:1", identity: e}
 - {cluster: west, federationAddress: "b:1", identity: w, pool: {namespace: llm, name: llama}}
 - {cluster: central, federationAddress: "c:1", identity: c, pool: {namespace: llm, name: other}}
