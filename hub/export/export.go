@@ -51,6 +51,22 @@ func init() { ctrlmetrics.Registry.MustRegister(importedPools) }
 // fleet.
 type Reconciler struct {
 	Inv *inventory.Inventory
+	// clusters, when set, is what a reconcile reads instead of Inv (tests
+	// give fixed clusters with fake clients); the watches always use Inv.
+	clusters clusterSource
+}
+
+// clusterSource lists the fleet's clusters, sorted by name.
+type clusterSource interface {
+	Clusters(ctx context.Context) []inventory.Cluster
+}
+
+// fleet is the clusters a reconcile works on.
+func (r *Reconciler) fleet(ctx context.Context) []inventory.Cluster {
+	if r.clusters != nil {
+		return r.clusters.Clusters(ctx)
+	}
+	return r.Inv.Clusters(ctx)
 }
 
 // +kubebuilder:rbac:groups=inference.networking.k8s.io,resources=inferencepools,verbs=get;list;watch
@@ -61,7 +77,7 @@ type Reconciler struct {
 // Reconcile converges one pool's exports and imports. A cluster that cannot
 // be reached keeps what it has until it is back.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
-	clusters := r.Inv.Clusters(ctx)
+	clusters := r.fleet(ctx)
 	var exporting []string
 	var errs []error
 	for _, c := range clusters {
@@ -219,7 +235,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 func (r *Reconciler) knownPools(ctx context.Context) []client.ObjectKey {
 	seen := map[client.ObjectKey]bool{}
 	var out []client.ObjectKey
-	for _, c := range r.Inv.Clusters(ctx) {
+	for _, c := range r.fleet(ctx) {
 		keys := watch.Keys(ctx, c.Client, &igwapiv1.InferencePoolList{}, "")
 		var imports igwapixv1alpha1.InferencePoolImportList
 		if err := c.Client.List(ctx, &imports, client.MatchingLabels(fleetv1alpha1.ManagedByHubLabels())); err == nil {
