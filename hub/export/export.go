@@ -75,10 +75,13 @@ func (r *Reconciler) fleet(ctx context.Context) []inventory.Cluster {
 // +kubebuilder:rbac:groups=inference.networking.x-k8s.io,resources=inferencepoolimports/status,verbs=get;update;patch
 
 // Reconcile converges one pool's exports and imports. A cluster that cannot
-// be reached keeps what it has until it is back.
+// be reached keeps what it has until it is back, and a cluster whose pool
+// cannot be read keeps its place in the imports: not knowing whether a
+// cluster exports is no reason to withdraw its pool from the fleet.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
 	clusters := r.fleet(ctx)
 	var exporting []string
+	unread := map[string]bool{}
 	var errs []error
 	for _, c := range clusters {
 		p := &igwapiv1.InferencePool{}
@@ -87,10 +90,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
 			continue
 		case err != nil:
+			unread[c.Name] = true
 			errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
 			continue
 		}
-		if p.Annotations[igwapixv1alpha1.ExportAnnotationKey] != igwapixv1alpha1.ExportAnnotationVal || !p.DeletionTimestamp.IsZero() {
+		if p.Annotations[fleetv1alpha1.ExportAnnotation] != fleetv1alpha1.ExportClusterSet || !p.DeletionTimestamp.IsZero() {
 			continue
 		}
 		exporting = append(exporting, c.Name)
@@ -107,16 +111,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 			continue
 		}
 		var err error
-		if len(exporting) == 0 {
+		switch {
+		case len(exporting) > 0:
+			err = ensureImport(ctx, c.Client, req.NamespacedName, exporting, unread)
+		case len(unread) == 0:
 			err = withdraw(ctx, c.Client, req.NamespacedName)
-		} else {
-			err = ensureImport(ctx, c.Client, req.NamespacedName, exporting)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
 		}
 	}
-	if len(exporting) == 0 {
+	if len(exporting) == 0 && len(unread) == 0 {
 		importedPools.DeleteLabelValues(req.Namespace, req.Name)
 	}
 	return ctrl.Result{}, errors.Join(errs...)
@@ -157,8 +162,9 @@ func markExported(ctx context.Context, c client.Client, p *igwapiv1.InferencePoo
 }
 
 // ensureImport creates the InferencePoolImport (and its namespace) and
-// records the exporting clusters in the hub's controller entry.
-func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, exporting []string) error {
+// records the exporting clusters in the hub's controller entry; a cluster in
+// unread that the entry lists stays listed.
+func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, exporting []string, unread map[string]bool) error {
 	imp := &igwapixv1alpha1.InferencePoolImport{}
 	err := c.Get(ctx, key, imp)
 	switch {
@@ -183,11 +189,20 @@ func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, ex
 		if err := c.Get(ctx, key, imp); err != nil {
 			return err
 		}
+		i := slices.IndexFunc(imp.Status.Controllers, func(ic igwapixv1alpha1.ImportController) bool { return ic.Name == ControllerName })
+		names := slices.Clone(exporting)
+		if i >= 0 {
+			for _, e := range imp.Status.Controllers[i].ExportingClusters {
+				if n := string(e.Name); unread[n] && !slices.Contains(names, n) {
+					names = append(names, n)
+				}
+			}
+		}
+		sort.Strings(names)
 		entry := igwapixv1alpha1.ImportController{Name: ControllerName}
-		for _, n := range exporting {
+		for _, n := range names {
 			entry.ExportingClusters = append(entry.ExportingClusters, igwapixv1alpha1.ExportingCluster{Name: igwapixv1alpha1.ClusterName(n)})
 		}
-		i := slices.IndexFunc(imp.Status.Controllers, func(ic igwapixv1alpha1.ImportController) bool { return ic.Name == ControllerName })
 		if i >= 0 {
 			entry.Parents, entry.Conditions = imp.Status.Controllers[i].Parents, imp.Status.Controllers[i].Conditions
 			if equality.Semantic.DeepEqual(imp.Status.Controllers[i], entry) {

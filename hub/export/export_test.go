@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -14,6 +15,7 @@ import (
 	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 )
 
 func TestAPoolExportedInOneClusterIsImportedIntoEveryAvailableCluster(t *testing.T) {
@@ -280,6 +282,47 @@ func TestASecondReconcileWithNothingChangedWritesNothing(t *testing.T) {
 			f.reconcile()
 			if w := f.writes(); len(w) > 0 {
 				t.Errorf("the second reconcile wrote %v", w)
+			}
+		})
+	}
+}
+
+func TestAnExporterWhosePoolCannotBeReadStaysImported(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		exporters []string // clusters exporting the pool; "a" later cannot be read
+		want      []string // what every import lists while a cannot be read
+	}{
+		{name: "the only exporter", exporters: []string{"a"}, want: []string{"a"}},
+		{name: "one of two exporters", exporters: []string{"a", "b"}, want: []string{"a", "b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var spokes []*spoke
+			for _, n := range []string{"a", "b", "c"} {
+				s := member(n)
+				if slices.Contains(tc.exporters, n) {
+					s.objs = append(s.objs, exportedPool())
+				}
+				spokes = append(spokes, s)
+			}
+			f := newFleet(t, spokes...)
+			f.reconcile()
+			f.spoke("a").unreadable = true
+			f.clearWrites()
+			if _, err := f.r.Reconcile(context.Background(), watch.Request(ns, poolName)); err == nil {
+				t.Error("a failed read was not returned for a retry")
+			}
+			for _, n := range []string{"a", "b", "c"} {
+				if got := f.exportingIn(n); !slices.Equal(got, tc.want) {
+					t.Errorf("import in %s lists %v, want %v", n, got, tc.want)
+				}
+			}
+			for n, w := range f.writes() {
+				for _, op := range w {
+					if strings.HasPrefix(op, "delete") {
+						t.Errorf("cluster %s: %s while a's pool could not be read", n, op)
+					}
+				}
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package export
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -49,11 +50,14 @@ func (c clusters) Clusters(context.Context) []inventory.Cluster { return c }
 // spoke is one fake member cluster: what it holds, whether the hub sees it
 // available, and every write the hub made through its client.
 type spoke struct {
-	name   string
-	objs   []client.Object
-	down   bool
-	api    client.Client
-	writes []string // "verb Kind namespace/name"
+	name string
+	objs []client.Object
+	down bool
+	// unreadable makes every read of an InferencePool fail, as a cache that
+	// never synced does.
+	unreadable bool
+	api        client.Client
+	writes     []string // "verb Kind namespace/name"
 }
 
 // member is an available cluster holding objs.
@@ -87,6 +91,12 @@ func newFleet(t *testing.T, spokes ...*spoke) *fleet {
 		s.api = fake.NewClientBuilder().WithScheme(scheme).WithObjects(s.objs...).
 			WithStatusSubresource(&igwapiv1.InferencePool{}, &igwapixv1alpha1.InferencePoolImport{}).
 			WithInterceptorFuncs(interceptor.Funcs{
+				Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+					if _, pool := o.(*igwapiv1.InferencePool); pool && s.unreadable {
+						return errors.New("timed out waiting for cache to be synced")
+					}
+					return c.Get(ctx, key, o, opts...)
+				},
 				Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
 					s.record("create", o)
 					return c.Create(ctx, o, opts...)
