@@ -14,10 +14,10 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -50,36 +50,6 @@ func testScheme(t *testing.T) *runtime.Scheme {
 	return s
 }
 
-// countWrites counts every write through a client, status included.
-func countWrites(n *atomic.Int64) interceptor.Funcs {
-	return interceptor.Funcs{
-		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-			n.Add(1)
-			return c.Create(ctx, obj, opts...)
-		},
-		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
-			n.Add(1)
-			return c.Update(ctx, obj, opts...)
-		},
-		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			n.Add(1)
-			return c.Patch(ctx, obj, patch, opts...)
-		},
-		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
-			n.Add(1)
-			return c.Delete(ctx, obj, opts...)
-		},
-		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-			n.Add(1)
-			return c.SubResource(sub).Update(ctx, obj, opts...)
-		},
-		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			n.Add(1)
-			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
-		},
-	}
-}
-
 // newFleet builds a hub holding hubObjs and one spoke per key of spokeObjs.
 func newFleet(t *testing.T, hubObjs []client.Object, spokeObjs map[string][]client.Object) *fleet {
 	t.Helper()
@@ -88,7 +58,7 @@ func newFleet(t *testing.T, hubObjs []client.Object, spokeObjs map[string][]clie
 		n := &atomic.Int64{}
 		c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
 			WithStatusSubresource(&v1alpha2.LLMInferenceService{}, &fleetv1alpha1.InferencePlacement{}, &fleetv1alpha1.ClusterCapacity{}).
-			WithInterceptorFuncs(countWrites(n)).Build()
+			WithInterceptorFuncs(hubtest.RecordWrites(func(string, client.Object) { n.Add(1) })).Build()
 		return c, n
 	}
 	f := &fleet{t: t, spokes: map[string]client.Client{}, writes: map[string]*atomic.Int64{}, recorder: record.NewFakeRecorder(100)}

@@ -23,6 +23,7 @@ import (
 	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -68,6 +69,19 @@ func unavailable(name string, objs ...client.Object) *spoke {
 	return &spoke{name: name, objs: objs, down: true}
 }
 
+// interceptors record the hub's writes and fail its pool reads while the
+// spoke is unreadable.
+func (s *spoke) interceptors() interceptor.Funcs {
+	f := hubtest.RecordWrites(s.record)
+	f.Get = func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+		if _, pool := o.(*igwapiv1.InferencePool); pool && s.unreadable {
+			return errors.New("timed out waiting for cache to be synced")
+		}
+		return c.Get(ctx, key, o, opts...)
+	}
+	return f
+}
+
 func (s *spoke) record(verb string, o client.Object) {
 	kind := fmt.Sprintf("%T", o)
 	if gvk, err := apiutil.GVKForObject(o, scheme); err == nil {
@@ -90,38 +104,7 @@ func newFleet(t *testing.T, spokes ...*spoke) *fleet {
 	for _, s := range spokes {
 		s.api = fake.NewClientBuilder().WithScheme(scheme).WithObjects(s.objs...).
 			WithStatusSubresource(&igwapiv1.InferencePool{}, &igwapixv1alpha1.InferencePoolImport{}).
-			WithInterceptorFuncs(interceptor.Funcs{
-				Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
-					if _, pool := o.(*igwapiv1.InferencePool); pool && s.unreadable {
-						return errors.New("timed out waiting for cache to be synced")
-					}
-					return c.Get(ctx, key, o, opts...)
-				},
-				Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
-					s.record("create", o)
-					return c.Create(ctx, o, opts...)
-				},
-				Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
-					s.record("update", o)
-					return c.Update(ctx, o, opts...)
-				},
-				Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
-					s.record("patch", o)
-					return c.Patch(ctx, o, p, opts...)
-				},
-				Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
-					s.record("delete", o)
-					return c.Delete(ctx, o, opts...)
-				},
-				SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, o client.Object, opts ...client.SubResourceUpdateOption) error {
-					s.record("update/"+sub, o)
-					return c.SubResource(sub).Update(ctx, o, opts...)
-				},
-				SubResourcePatch: func(ctx context.Context, c client.Client, sub string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
-					s.record("patch/"+sub, o)
-					return c.SubResource(sub).Patch(ctx, o, p, opts...)
-				},
-			}).Build()
+			WithInterceptorFuncs(s.interceptors()).Build()
 		c := inventory.Cluster{Name: s.name, Client: s.api, Reader: s.api}
 		if s.down {
 			c.UnavailableSince, c.Reason = time.Now(), "API server unreachable"

@@ -27,6 +27,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
@@ -66,36 +67,20 @@ func (s *spoke) cluster() inventory.Cluster {
 	record := func(verb string, o client.Object) {
 		s.writes = append(s.writes, fmt.Sprintf("%s %T", verb, o))
 	}
-	cached := interceptor.NewClient(s.api, interceptor.Funcs{
-		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
-			if err := c.Get(ctx, key, o, opts...); err != nil {
-				return err
+	funcs := hubtest.RecordWrites(record)
+	funcs.Get = func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+		if err := c.Get(ctx, key, o, opts...); err != nil {
+			return err
+		}
+		switch o.(type) {
+		case *corev1.ConfigMap, *corev1.Secret:
+			if !fleetv1alpha1.IsManagedByHub(o) {
+				return apierrors.NewNotFound(schema.GroupResource{Resource: fmt.Sprintf("%T", o)}, key.Name)
 			}
-			switch o.(type) {
-			case *corev1.ConfigMap, *corev1.Secret:
-				if !fleetv1alpha1.IsManagedByHub(o) {
-					return apierrors.NewNotFound(schema.GroupResource{Resource: fmt.Sprintf("%T", o)}, key.Name)
-				}
-			}
-			return nil
-		},
-		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
-			record("create", o)
-			return c.Create(ctx, o, opts...)
-		},
-		Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
-			record("update", o)
-			return c.Update(ctx, o, opts...)
-		},
-		Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
-			record("patch", o)
-			return c.Patch(ctx, o, p, opts...)
-		},
-		Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
-			record("delete", o)
-			return c.Delete(ctx, o, opts...)
-		},
-	})
+		}
+		return nil
+	}
+	cached := interceptor.NewClient(s.api, funcs)
 	return inventory.Cluster{Name: s.name, Client: cached, Reader: s.api}
 }
 
