@@ -36,6 +36,11 @@ const (
 	ReasonNoEligibleCluster  = "NoEligibleCluster"
 	ReasonPartiallyPlaced    = "PartiallyPlaced"
 	ReasonInvalidPlacement   = "InvalidPlacement"
+	// ReasonOCMDecisionsUnavailable: the OCM Placement's decisions could
+	// not be read, or name no cluster while the service runs.
+	ReasonOCMDecisionsUnavailable = "OCMDecisionsUnavailable"
+	// ReasonPlacementUnreadable: the InferencePlacements could not be read.
+	ReasonPlacementUnreadable = "PlacementUnreadable"
 )
 
 // For finds the one InferencePlacement of the service's namespace that
@@ -98,8 +103,10 @@ type Fleet struct {
 
 // Inputs gathers the request and the clusters of a decision for svc under
 // pl. It also returns when the earliest failover toleration ends, so the
-// service is reconsidered on time (0 when none is running).
-func Inputs(ctx context.Context, hub client.Reader, pl *fleetv1alpha1.InferencePlacement, svc *v1alpha2.LLMInferenceService, f Fleet) (Request, []Cluster, time.Duration) {
+// service is reconsidered on time (0 when none is running). The error says
+// that an input could not be read (an OCM Placement's decisions): the hub
+// must not decide on what it could not read.
+func Inputs(ctx context.Context, hub client.Reader, pl *fleetv1alpha1.InferencePlacement, svc *v1alpha2.LLMInferenceService, f Fleet) (Request, []Cluster, time.Duration, error) {
 	toleration := f.DefaultToleration
 	if t := pl.Spec.Failover.TolerationSeconds; t != nil {
 		toleration = time.Duration(*t) * time.Second
@@ -121,10 +128,11 @@ func Inputs(ctx context.Context, hub client.Reader, pl *fleetv1alpha1.InferenceP
 			Healthy: ok, Capacity: CapacityOf(ctx, c.Client), Current: f.Held[c.Name]})
 	}
 	req := Request{Spec: pl.Spec, Replicas: ptr.Deref(svc.Spec.Replicas, 1), Need: NeedOf(svc, pl.Spec.Accelerator)}
+	var err error
 	if ref := pl.Spec.Clusters.OCMPlacement; ref != nil {
-		req.OCMDecided = OCMDecided(ctx, hub, pl.Namespace, ref.Name)
+		req.OCMDecided, err = OCMDecided(ctx, hub, pl.Namespace, ref.Name)
 	}
-	return req, out, requeue
+	return req, out, requeue, err
 }
 
 // NeedOf derives what one replica needs from the service's pod templates:
@@ -188,11 +196,16 @@ func CapacityOf(ctx context.Context, c client.Reader) *fleetv1alpha1.ClusterCapa
 }
 
 // OCMDecided collects the clusters of an OCM Placement's decisions; empty
-// when it decided none or its decisions cannot be listed.
-func OCMDecided(ctx context.Context, hub client.Reader, ns, placementName string) map[string]bool {
+// when it decided none. An error (OCM not installed, the cache not readable)
+// is returned as such, never as an empty set: an empty set would make every
+// cluster ineligible.
+func OCMDecided(ctx context.Context, hub client.Reader, ns, placementName string) (map[string]bool, error) {
+	if hub == nil {
+		return nil, fmt.Errorf("PlacementDecisions of OCM Placement %s/%s cannot be read: no hub client", ns, placementName)
+	}
 	var list clusterv1beta1.PlacementDecisionList
 	if err := hub.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{clusterv1beta1.PlacementLabel: placementName}); err != nil {
-		return map[string]bool{}
+		return nil, fmt.Errorf("PlacementDecisions of OCM Placement %s/%s cannot be read: %w", ns, placementName, err)
 	}
 	out := map[string]bool{}
 	for _, d := range list.Items {
@@ -200,7 +213,7 @@ func OCMDecided(ctx context.Context, hub client.Reader, ns, placementName string
 			out[c.ClusterName] = true
 		}
 	}
-	return out
+	return out, nil
 }
 
 // Fingerprint identifies the inputs of a decision: the placement's and the

@@ -112,7 +112,7 @@ func TestAMDServiceIsPlacedOnlyWhereAMDGPUsAreFree(t *testing.T) {
 		t.Run(string(strategy), func(t *testing.T) {
 			pl := &fleetv1alpha1.InferencePlacement{Spec: spec(strategy)}
 			pl.Spec.Replicas.Total = ptr.To(int32(2))
-			req, clusters, _ := Inputs(context.Background(), nil, pl, svc, fleet)
+			req, clusters, _, _ := Inputs(context.Background(), nil, pl, svc, fleet)
 			d, err := Decide(req, clusters)
 			if err != nil {
 				t.Fatal(err)
@@ -151,7 +151,7 @@ func TestInputsKeepAClusterWithinItsToleration(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, clusters, requeue := Inputs(context.Background(), nil, c.pl, &v1alpha2.LLMInferenceService{},
+			_, clusters, requeue, _ := Inputs(context.Background(), nil, c.pl, &v1alpha2.LLMInferenceService{},
 				Fleet{Clusters: []inventory.Cluster{c.cluster}, FailedOver: c.failedOver, Now: now})
 			if clusters[0].Healthy != c.wantHealthy || (requeue > 0) != c.wantRequeue {
 				t.Errorf("healthy %v requeue %v, want healthy %v requeue %v", clusters[0].Healthy, requeue, c.wantHealthy, c.wantRequeue)

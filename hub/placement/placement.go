@@ -181,11 +181,18 @@ func eligible(req Request, clusters []Cluster) ([]candidate, []string, error) {
 
 // roomFor is how many more replicas fit on c, counting the service's own
 // current replicas as room (their accelerators are already requested).
+// Capacity may limit growth but never shrinks what runs: a cluster that
+// holds ready replicas of the service has room for at least those, even
+// when its report is missing or shows none of the accelerator (its nodes
+// cordoned or NotReady, which the spoke leaves out of its report).
 func roomFor(n Need, c Cluster) (int64, bool, string) {
 	if n.PerPod == 0 {
 		return math.MaxInt64, true, ""
 	}
 	if c.Capacity == nil {
+		if c.Current > 0 {
+			return int64(c.Current), true, ""
+		}
 		return 0, false, "capacity not reported"
 	}
 	pods := max(n.Pods, 1)
@@ -200,6 +207,9 @@ func roomFor(n Need, c Cluster) (int64, bool, string) {
 		fit += a.PodsThatFit(n.PerPod) / int64(pods)
 	}
 	if !found {
+		if c.Current > 0 {
+			return int64(c.Current), true, ""
+		}
 		return 0, false, "has no " + n.describe()
 	}
 	return fit + int64(c.Current), true, ""

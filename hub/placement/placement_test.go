@@ -186,3 +186,59 @@ func TestPropertyRequirements(t *testing.T) {
 		}
 	}
 }
+
+// Capacity may limit growth but never shrinks what runs: a cluster holding
+// ready replicas of the service stays eligible for at least those, whatever
+// its capacity report says; a cluster without the service still needs room.
+func TestCapacityNeverEvictsRunningReplicas(t *testing.T) {
+	h100 := Need{Resource: "nvidia.com/gpu", Product: "H100", PerPod: 1, Pods: 1}
+	cordoned := func(name string) Cluster {
+		// Every H100 node cordoned: the spoke reports no H100 at all.
+		c := gpuCluster(name, "L40S", 8)
+		return c
+	}
+	unreported := func(name string) Cluster {
+		return Cluster{Name: name, Healthy: true, Labels: map[string]string{"name": name}}
+	}
+	single := spec(fleetv1alpha1.Duplicated)
+	single.Clusters.Names = []string{"east"}
+	over := spec(fleetv1alpha1.Overflow)
+	over.Replicas.Total = ptr.To(int32(3))
+	over.Replicas.Preference = []string{"east", "west"}
+	free := spec(fleetv1alpha1.FreeCapacity)
+	free.Replicas.Total = ptr.To(int32(2))
+	cases := []struct {
+		name     string
+		req      Request
+		clusters []Cluster
+		want     string // "" when no cluster is chosen
+	}{
+		{"cordoning every GPU node of a single-cluster placement keeps the cluster and its replicas",
+			Request{Spec: single, Replicas: 2, Need: h100}, []Cluster{withCurrent(cordoned("east"), 2)}, "east=2"},
+		{"a cluster whose capacity is not reported keeps its replicas",
+			Request{Spec: single, Replicas: 2, Need: h100}, []Cluster{withCurrent(unreported("east"), 2)}, "east=2"},
+		{"a cluster with no free GPU keeps its replicas",
+			Request{Spec: single, Replicas: 2, Need: h100}, []Cluster{withCurrent(gpuCluster("east", "H100", 0), 2)}, "east=2"},
+		{"overflow keeps what runs on a cordoned cluster and spills only the rest",
+			Request{Spec: over, Need: h100}, []Cluster{withCurrent(cordoned("east"), 2), gpuCluster("west", "H100", 8)}, "east=2,west=1"},
+		{"free capacity keeps what runs on an unreported cluster",
+			Request{Spec: free, Need: h100}, []Cluster{withCurrent(unreported("east"), 2)}, "east=2"},
+		{"growth is still limited: the held replicas are all the room an unreported cluster has",
+			Request{Spec: over, Need: h100}, []Cluster{withCurrent(unreported("east"), 1)}, "east=1 unplaced=2"},
+		{"a cluster without the service and without a capacity report is still excluded",
+			Request{Spec: single, Replicas: 2, Need: h100}, []Cluster{unreported("east")}, " unplaced=2"},
+		{"a cluster without the service whose GPU nodes are cordoned is still excluded",
+			Request{Spec: single, Replicas: 2, Need: h100}, []Cluster{cordoned("east")}, " unplaced=2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d, err := Decide(c.req, c.clusters)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := summary(d); strings.TrimSpace(got) != strings.TrimSpace(c.want) {
+				t.Errorf("got %q, want %q (%s)", got, c.want, d.Message)
+			}
+		})
+	}
+}
