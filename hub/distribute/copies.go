@@ -80,7 +80,13 @@ func firstProblem(s *v1alpha2.LLMInferenceService) string {
 // cluster gains replicas at once, but loses them (or its copy) only once
 // every cluster of the decision reports its full share ready, so moving a
 // service never drops capacity first.
+//
+// A decision that keeps (decide could not place the service, or placed it
+// nowhere, while it runs) writes nothing: every copy stays as it is.
 func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceService, d decision, clusters []inventory.Cluster, copies map[string]*observed) error {
+	if d.keep {
+		return nil
+	}
 	settled := true
 	for name, want := range d.want {
 		o := copies[name]

@@ -24,6 +24,10 @@ type decision struct {
 	message  string
 	// federation is how the placed clusters' endpoint pickers federate.
 	federation fleetv1alpha1.FederationMode
+	// keep says deciding failed or chose no cluster while the service runs:
+	// want is what runs now, and distribute writes nothing, so no copy is
+	// deleted or shrunk until a decision places the service again.
+	keep bool
 }
 
 // outcome is what deciding yields; report writes it into the status and
@@ -52,11 +56,26 @@ type failover struct {
 // healthy eligible clusters), never because capacity moved, so a placed
 // service stays put and the hub stays quiet. It writes nothing: the
 // outcome carries the Placed condition and the decision memory for report.
+//
+// Deciding never empties a running service: when it fails (no placement,
+// several, the placements or an OCM Placement's decisions unreadable) or
+// chooses no cluster while copies of this hub exist, the outcome keeps what
+// runs (see kept) and says why in the Placed condition. Only deleting the
+// service on the hub removes its last copy. An error is returned with an
+// outcome that keeps, so the caller still reports it.
 func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceService, clusters []inventory.Cluster, copies map[string]*observed) (outcome, error) {
 	prev := placement.InForce(&svc.Status)
+	running := kept(currentDecision(svc, prev), copies)
 	pl, reason, msg, err := placement.For(ctx, r.hub, svc)
 	if err != nil {
+		if len(running.want) > 0 {
+			return keepOutcome(running, prev, placement.ReasonPlacementUnreadable,
+				fmt.Sprintf("the InferencePlacements of namespace %s cannot be read: %v", svc.Namespace, err)), err
+		}
 		return outcome{}, err
+	}
+	if pl == nil && len(running.want) > 0 {
+		return keepOutcome(running, prev, reason, msg), nil
 	}
 	if pl == nil {
 		out := outcome{placed: condition(placement.Placed, corev1.ConditionFalse, reason, msg)}
@@ -78,7 +97,17 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	if prev != nil {
 		fleet.FailedOver = prev.FailedOverClusters
 	}
-	req, inputs, requeue := placement.Inputs(ctx, r.hub, pl, svc, fleet)
+	req, inputs, requeue, err := placement.Inputs(ctx, r.hub, pl, svc, fleet)
+	if err != nil {
+		msg := fmt.Sprintf("InferencePlacement %s: %v", pl.Name, err)
+		out := outcome{decision: decision{keep: true}, placed: condition(placement.Placed, corev1.ConditionFalse,
+			placement.ReasonOCMDecisionsUnavailable, msg), memory: prev}
+		if len(running.want) > 0 {
+			out = keepOutcome(running, prev, placement.ReasonOCMDecisionsUnavailable, msg)
+		}
+		out.requeue = requeue
+		return out, err
+	}
 	d, err := placement.Decide(req, inputs)
 	if err != nil {
 		return outcome{placed: condition(placement.Placed, corev1.ConditionFalse, placement.ReasonInvalidPlacement,
@@ -93,8 +122,11 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		kept := *prev
 		kept.PlacementName = pl.Name
 		out := outcome{decision: current, memory: &kept, requeue: requeue}
-		if c := svc.Status.GetCondition(placement.Placed); c != nil {
+		if c := svc.Status.GetCondition(placement.Placed); c != nil && c.Status == corev1.ConditionTrue {
 			out.placed = ptr.To(*c)
+		} else if len(current.want) > 0 {
+			// The decision in force applies again after an error kept it.
+			out.placed = placedCondition(pl, current.want, current.unplaced, d.Message)
 		}
 		return out, nil
 	}
@@ -104,6 +136,18 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		if c.Replicas > 0 {
 			next.want[c.Name], next.reasons[c.Name] = c.Replicas, c.Reason
 		}
+	}
+	if len(next.want) == 0 && next.unplaced > 0 && len(running.want) > 0 {
+		// Zero clusters for replicas that are asked for, while the service
+		// runs: an error to report, never a reason to delete what runs.
+		reason, msg := placement.ReasonNoEligibleCluster, fmt.Sprintf("InferencePlacement %s: %s", pl.Name, d.Message)
+		if ref := pl.Spec.Clusters.OCMPlacement; ref != nil && len(req.OCMDecided) == 0 {
+			reason = placement.ReasonOCMDecisionsUnavailable
+			msg = fmt.Sprintf("InferencePlacement %s: OCM Placement %s decided no cluster (it may be recomputing, or lost its ManagedClusterSetBinding)", pl.Name, ref.Name)
+		}
+		out := keepOutcome(running, prev, reason, msg)
+		out.requeue = requeue
+		return out, nil
 	}
 	out := outcome{decision: next, requeue: requeue}
 	out.memory = &v1alpha2.PlacementStatus{PlacementName: pl.Name, InputsHash: fp, UnplacedReplicas: next.unplaced}
@@ -125,14 +169,54 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	case len(next.want) == 0:
 		out.placed = condition(placement.Placed, corev1.ConditionFalse, placement.ReasonNoEligibleCluster,
 			fmt.Sprintf("InferencePlacement %s: %s", pl.Name, d.Message))
-	case next.unplaced > 0:
-		out.placed = condition(placement.Placed, corev1.ConditionTrue, placement.ReasonPartiallyPlaced,
-			fmt.Sprintf("InferencePlacement %s: %s (%s); %d replicas fit nowhere", pl.Name, clusterNames(next.want), d.Message, next.unplaced))
 	default:
-		out.placed = condition(placement.Placed, corev1.ConditionTrue, placement.ReasonPlaced,
-			fmt.Sprintf("InferencePlacement %s: %s (%s)", pl.Name, clusterNames(next.want), d.Message))
+		out.placed = placedCondition(pl, next.want, next.unplaced, d.Message)
 	}
 	return out, nil
+}
+
+// placedCondition is the True Placed condition of a decision that places
+// want, and fits unplaced replicas nowhere.
+func placedCondition(pl *fleetv1alpha1.InferencePlacement, want map[string]int32, unplaced int32, msg string) *v1alpha2.Condition {
+	if unplaced > 0 {
+		return condition(placement.Placed, corev1.ConditionTrue, placement.ReasonPartiallyPlaced,
+			fmt.Sprintf("InferencePlacement %s: %s (%s); %d replicas fit nowhere", pl.Name, clusterNames(want), msg, unplaced))
+	}
+	return condition(placement.Placed, corev1.ConditionTrue, placement.ReasonPlaced,
+		fmt.Sprintf("InferencePlacement %s: %s (%s)", pl.Name, clusterNames(want), msg))
+}
+
+// kept is what runs of the service now, for a decision that keeps it: the
+// clusters of the decision in force whose copy exists (or cannot be seen,
+// the cluster being unreachable), with their desired replicas; when the
+// status names none of them (it was lost), every copy of this hub with its
+// replicas. Copies outside the decision in force stay Leaving. Empty when
+// nothing of this hub runs.
+func kept(current decision, copies map[string]*observed) decision {
+	k := decision{want: map[string]int32{}, reasons: map[string]string{}, keep: true}
+	for name, n := range current.want {
+		if o := copies[name]; o == nil || o.err != nil || (o.exists && o.ours) {
+			k.want[name], k.reasons[name] = n, current.reasons[name]
+		}
+	}
+	if len(k.want) > 0 {
+		return k
+	}
+	for name, o := range copies {
+		if o.exists && o.ours {
+			k.want[name], k.reasons[name] = o.replicas, "kept: running when the decision failed"
+		}
+	}
+	return k
+}
+
+// keepOutcome keeps what runs (running, from kept) and the decision memory,
+// with a False Placed condition whose reason names the cause and whose
+// message says which copies are kept and what undoes it.
+func keepOutcome(running decision, prev *v1alpha2.PlacementStatus, reason, cause string) outcome {
+	msg := fmt.Sprintf("%s; the copies in %s are kept as they are until a decision places the service again "+
+		"(only deleting the service on the hub removes them)", cause, clusterNames(running.want))
+	return outcome{decision: running, placed: condition(placement.Placed, corev1.ConditionFalse, reason, msg), memory: prev}
 }
 
 // failedOver returns the clusters that lost their replicas while

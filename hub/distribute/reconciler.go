@@ -160,12 +160,12 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	began := time.Now()
 	clusters := r.clusters.Clusters(ctx)
 	copies := r.observe(ctx, svc, clusters)
-	out, err := r.decide(ctx, svc, clusters, copies)
-	if err != nil {
-		return outcome{}, err
+	out, decideErr := r.decide(ctx, svc, clusters, copies)
+	if decideErr != nil && out.placed == nil {
+		return outcome{}, decideErr
 	}
 	distErr := r.distribute(ctx, svc, out.decision, clusters, copies)
-	if distErr == nil && len(out.want) > 0 && svc.Status.ObservedGeneration != svc.Generation {
+	if distErr == nil && !out.keep && len(out.want) > 0 && svc.Status.ObservedGeneration != svc.Generation {
 		distributionLag.Observe(time.Since(began).Seconds())
 	}
 	// Read back what the writes did, so the status is the clusters' own.
@@ -174,7 +174,7 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	if svc.Status.Clusters != nil && !svc.Status.IsTrue(Distributed) && out.requeue == 0 {
 		out.requeue = 5 * time.Second
 	}
-	return out, distErr
+	return out, errors.Join(decideErr, distErr)
 }
 
 // finalize deletes the copies in every reachable cluster. Copies in
