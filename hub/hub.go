@@ -73,6 +73,11 @@ type Options struct {
 	DefaultToleration time.Duration
 	// ProbeInterval is how often each spoke's API server is probed.
 	ProbeInterval time.Duration
+	// ProbeFailureThreshold and ProbeSuccessThreshold are how many
+	// consecutive failed probes make a spoke unavailable, and how many good
+	// ones make it available again (inventory.Options).
+	ProbeFailureThreshold int
+	ProbeSuccessThreshold int
 	// OrphanInterval is how often the orphan collector sweeps the spokes.
 	OrphanInterval time.Duration
 	// FederationCASecret is the Secret in Namespace holding the federation
@@ -95,7 +100,8 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	}
 	local := mgr.GetLocalManager()
 	inv := inventory.New(inventory.Options{Hub: local.GetClient(), Namespace: opts.Namespace,
-		ProbeInterval: opts.ProbeInterval, Log: local.GetLogger().WithName("inventory")})
+		ProbeInterval: opts.ProbeInterval, ProbeFailureThreshold: opts.ProbeFailureThreshold,
+		ProbeSuccessThreshold: opts.ProbeSuccessThreshold, Log: local.GetLogger().WithName("inventory")})
 	if err := mgr.Add(inv); err != nil {
 		return err
 	}

@@ -21,6 +21,8 @@ func main() {
 	flag.StringVar(&opts.Namespace, "cluster-namespace", "fleetinfer-system", "Namespace of the spoke registrations: kubeconfig Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true, ClusterProfiles.")
 	flag.DurationVar(&opts.DefaultToleration, "default-failover-toleration", 60*time.Second, "How long a cluster may be unavailable before its replicas move, for placements that set no failover.tolerationSeconds.")
 	flag.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "How often each spoke's API server is probed.")
+	flag.IntVar(&opts.ProbeFailureThreshold, "probe-failure-threshold", 3, "Consecutive failed probes that make a spoke unavailable; the failover toleration counts from the first of them.")
+	flag.IntVar(&opts.ProbeSuccessThreshold, "probe-success-threshold", 2, "Consecutive good probes that make a spoke the probes found unavailable available again.")
 	flag.DurationVar(&opts.OrphanInterval, "orphan-collection-interval", 30*time.Second, "How often spokes are swept for copies no hub object accounts for.")
 	flag.StringVar(&opts.FederationCASecret, "federation-ca-secret", "fleetinfer-federation-ca", "Secret in --cluster-namespace holding the CA (tls.crt, tls.key) that signs endpoint pickers' federation certificates; created when missing.")
 	flag.DurationVar(&opts.FederationCAOverlap, "federation-ca-rotation-overlap", ca.DefaultOverlap, "When the CA in --federation-ca-secret is replaced: how long pickers trust both CAs before their certificates are re-signed by the new one, and again before the old CA is dropped. Longer than a Secret takes to reach a picker's files.")

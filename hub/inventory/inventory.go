@@ -60,7 +60,15 @@ type Options struct {
 	ProbeInterval time.Duration
 	// ProbeTimeout bounds one probe.
 	ProbeTimeout time.Duration
-	Log          logr.Logger
+	// ProbeFailureThreshold is how many consecutive failed probes make a
+	// cluster unavailable (3 when unset); the toleration counts from the
+	// first of them.
+	ProbeFailureThreshold int
+	// ProbeSuccessThreshold is how many consecutive good probes make a
+	// cluster that the probes found unavailable available again (2 when
+	// unset).
+	ProbeSuccessThreshold int
+	Log                   logr.Logger
 }
 
 // Inventory tracks the engaged clusters. It is a multicluster-runtime
@@ -74,14 +82,21 @@ type Inventory struct {
 }
 
 type tracked struct {
-	name       string
-	cl         cluster.Cluster
-	http       *http.Client
-	host       string
+	name   string
+	cl     cluster.Cluster
+	http   *http.Client
+	readyz string // the API server's /readyz URL
+	// probeFails and probeOKs count the current streak of failed and good
+	// probes; firstFail is when the failing streak began.
 	probeFails int
+	probeOKs   int
+	firstFail  time.Time
 	probeErr   string
-	since      time.Time // unavailable since; zero when available
-	reason     string
+	// probeDown: the probes made the cluster unavailable (probeFails reached
+	// the failure threshold) and have not yet made it available again.
+	probeDown bool
+	since     time.Time // unavailable since; zero when available
+	reason    string
 }
 
 // New builds an inventory.
@@ -91,6 +106,12 @@ func New(opts Options) *Inventory {
 	}
 	if opts.ProbeTimeout <= 0 {
 		opts.ProbeTimeout = 2 * time.Second
+	}
+	if opts.ProbeFailureThreshold <= 0 {
+		opts.ProbeFailureThreshold = 3
+	}
+	if opts.ProbeSuccessThreshold <= 0 {
+		opts.ProbeSuccessThreshold = 2
 	}
 	return &Inventory{opts: opts, clusters: map[string]*tracked{}}
 }
@@ -118,7 +139,11 @@ func (i *Inventory) Engage(ctx context.Context, name multicluster.ClusterName, c
 	if err != nil {
 		return err
 	}
-	t := &tracked{name: string(name), cl: cl, http: hc, host: cfg.Host}
+	readyz, err := readyzURL(cfg)
+	if err != nil {
+		return err
+	}
+	t := &tracked{name: string(name), cl: cl, http: hc, readyz: readyz}
 	i.mu.Lock()
 	i.clusters[t.name] = t
 	i.mu.Unlock()
@@ -196,7 +221,7 @@ func (i *Inventory) probeAll(ctx context.Context) {
 func (i *Inventory) probe(ctx context.Context, t *tracked) error {
 	ctx, cancel := context.WithTimeout(ctx, i.opts.ProbeTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.host+"/readyz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.readyz, nil)
 	if err != nil {
 		return err
 	}
@@ -211,27 +236,62 @@ func (i *Inventory) probe(ctx context.Context, t *tracked) error {
 	return nil
 }
 
+// readyzURL is the /readyz URL of the API server cfg speaks to, joined as
+// a path so that a server URL with a trailing slash or a path prefix (a
+// proxy's /k8s/clusters/<id>) is probed where it answers.
+func readyzURL(cfg *rest.Config) (string, error) {
+	base, _, err := rest.DefaultServerUrlFor(cfg)
+	if err != nil {
+		return "", fmt.Errorf("the API server URL %q: %w", cfg.Host, err)
+	}
+	return base.JoinPath("readyz").String(), nil
+}
+
 // update records a probe and the registration's verdict; availability
-// changes are announced.
+// changes are announced. The probes change availability with hysteresis:
+// the cluster becomes unavailable after ProbeFailureThreshold consecutive
+// failures, unavailable since the first of them, and available again after
+// ProbeSuccessThreshold consecutive good probes. The registration's verdict
+// applies at once.
 func (i *Inventory) update(t *tracked, probeErr error, regAvailable bool, regReason string) {
 	i.mu.Lock()
 	wasAvailable := t.since.IsZero()
+	now := time.Now()
+	if probeErr != nil {
+		if t.probeFails == 0 {
+			t.firstFail = now
+		}
+		t.probeFails++
+		t.probeOKs = 0
+		t.probeErr = probeErr.Error()
+		if t.probeFails >= i.opts.ProbeFailureThreshold {
+			t.probeDown = true
+		}
+	} else {
+		t.probeFails = 0
+		t.probeOKs++
+		if t.probeOKs >= i.opts.ProbeSuccessThreshold {
+			t.probeDown = false
+		}
+	}
 	var reason string
 	switch {
-	case probeErr != nil:
-		t.probeFails++
-		reason = "API server unreachable: " + probeErr.Error()
+	case t.probeDown && probeErr != nil:
+		reason = "API server unreachable: " + t.probeErr
+	case t.probeDown:
+		reason = fmt.Sprintf("API server unreachable: %s (answering again, %d of %d good probes)",
+			t.probeErr, t.probeOKs, i.opts.ProbeSuccessThreshold)
 	case !regAvailable:
-		t.probeFails = 0
 		reason = regReason
-	default:
-		t.probeFails = 0
 	}
 	if probeErr != nil {
 		probeFailures.WithLabelValues(t.name).Inc()
 	}
 	if reason != "" && t.since.IsZero() {
-		t.since = time.Now()
+		t.since = now
+		if t.probeDown {
+			t.since = t.firstFail // the toleration counts from the real loss
+		}
 	}
 	if reason == "" {
 		t.since = time.Time{}
