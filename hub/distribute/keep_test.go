@@ -220,3 +220,20 @@ func TestAServiceThatNeverRanStaysUnplaced(t *testing.T) {
 		t.Errorf("a holds a copy of a service placed nowhere")
 	}
 }
+
+// Asking for zero replicas is not a decision error: the copies go.
+func TestZeroReplicasRemovesTheCopies(t *testing.T) {
+	f := runningFleet(t, placementOf(fleetv1alpha1.Duplicated, "a", "b"))
+	svc := f.hubService("llama")
+	svc.Spec.Replicas = ptr.To(int32(0))
+	svc.Generation++ // as the API server does on a spec change; the fake client does not
+	if err := f.hub.Update(context.Background(), svc); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile("llama")
+	for _, cl := range []string{"a", "b"} {
+		if cp := f.copyIn(cl, "llama"); cp != nil {
+			t.Errorf("%s keeps a copy of a service asking for 0 replicas", cl)
+		}
+	}
+}
