@@ -13,7 +13,7 @@
 // it (runner.go):
 //
 //  1. the candidate lookup (candidates.go) adds fresh remote endpoints and
-//     matches subset hints by IP and port, with the pool's failureMode
+//     matches subset hints and marked pods by IP and port, with the pool's failureMode
 //     deciding what happens to a hint whose pod is gone. With a
 //     cross-cluster-filter configured, its spill policy (package spill,
 //     built once by the plugin's factory and shared) decides when remote
