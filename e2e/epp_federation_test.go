@@ -27,6 +27,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/epp/marks"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
@@ -218,7 +219,7 @@ func TestEPPFederation(t *testing.T) {
 			switch {
 			case slices.Contains(west.Pods, p.Primary()):
 				seen["west"] = p
-			case p.Primary() == central.GatewayPeerAddr():
+			case p.Primary() == central.GatewayAddr():
 				seen["central"] = p
 			}
 			if len(seen) < 2 {
@@ -228,20 +229,27 @@ func TestEPPFederation(t *testing.T) {
 		})
 	})
 
-	t.Run("Parent mode names the pod as subset hint and the remote EPP honours it", func(t *testing.T) {
+	t.Run("Parent mode marks the forwarded request and the remote EPP honours the marks", func(t *testing.T) {
 		p := seen["central"]
-		if p == nil || !slices.Equal(p.Subset, central.Pods) {
-			t.Fatalf("parent-mode pick %+v, want subset %v", p, central.Pods)
+		if p == nil || p.Header.Get(marks.Pod) != strings.Join(central.Pods, ",") || p.Header.Get(marks.Origin) != "east" ||
+			p.Header.Get(marks.Hops) != "1" || p.Header.Get(marks.Signature) == "" {
+			t.Fatalf("parent-mode pick %+v, want marks from east naming %v", p, central.Pods)
 		}
 		// What central's gateway sends its EPP for the forwarded request.
+		before := marksCounted(t, central, "accepted")
 		req := fedCompletion("forwarded")
-		req.Subset = p.Subset
-		if got := pick(t, central, req); got.Primary() != central.Pods[0] {
-			t.Fatalf("hinted pick %q, want %s", got.Destination, central.Pods[0])
+		for _, k := range marks.Headers {
+			req.Header.Set(k, p.Header.Get(k))
+		}
+		if got := pick(t, central, req); got.Primary() != central.Pods[0] || got.Header.Get(marks.Signature) != "" {
+			t.Fatalf("marked pick %q (marks left: %q), want %s", got.Destination, got.Header.Get(marks.Signature), central.Pods[0])
+		}
+		if n := marksCounted(t, central, "accepted") - before; n != 1 {
+			t.Fatalf("central accepted %v marks, want 1", n)
 		}
 	})
 
-	t.Run("a hint for a pod that is gone falls back to the remote EPP's own pick (FailOpen)", func(t *testing.T) {
+	t.Run("a gateway's own subset hint for a pod that is gone falls back to the EPP's own pick (FailOpen)", func(t *testing.T) {
 		req := fedCompletion("stale hint")
 		req.Subset = []string{net.JoinHostPort(central.EPP.Status.PodIP, "8000")}
 		if got := pick(t, central, req); got.Immediate != nil || !slices.Contains(central.Pods, got.Primary()) {
@@ -249,7 +257,7 @@ func TestEPPFederation(t *testing.T) {
 		}
 	})
 
-	t.Run("requests entering east's gateway are served in west (Endpoint mode) and central (Parent mode)", func(t *testing.T) {
+	t.Run("requests entering east's gateway are served in west (Endpoint mode) and central (Parent mode, forwarded once), forged marks notwithstanding", func(t *testing.T) {
 		served := map[string]string{} // cluster → pod
 		names := map[string]string{}
 		for _, f := range []*fedCluster{west, central} {
@@ -261,19 +269,40 @@ func TestEPPFederation(t *testing.T) {
 				names[p.Name] = f.Cluster.Name()
 			}
 		}
-		for i := 0; i < 40 && len(served) < 2; i++ {
+		// A client's marks claiming central forwarded the request to east's
+		// busy pod: honoured, they would keep every request on that pod.
+		forged := map[string]string{marks.Origin: "central", marks.Hops: "1", marks.Pod: east.Pods[0],
+			marks.Expires: strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10), marks.Signature: "Zm9yZ2Vk"}
+		rejected, accepted := marksCounted(t, east, "rejected"), marksCounted(t, central, "accepted")
+		centralRemote := remotePicks(t, central)
+		sent, inCentral := 0, 0
+		for ; sent < 40 && len(served) < 2; sent++ {
 			resp, body := gwPost(t, east.Cluster.GatewayURL(), fedHost(ns), "/v1/completions",
-				[]byte(fmt.Sprintf(`{"model":"llama","prompt":"through the gateway %d","max_tokens":2}`, i)), nil)
+				[]byte(fmt.Sprintf(`{"model":"llama","prompt":"through the gateway %d","max_tokens":2}`, sent)), forged)
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("%s: %s", resp.Status, body)
 			}
 			pod := resp.Header.Get(gwPodHeader)
 			if cluster, ok := names[pod]; ok {
 				served[cluster] = pod
+				if cluster == "central" {
+					inCentral++
+				}
 			}
 		}
 		if len(served) != 2 {
 			t.Fatalf("served remotely by %v, want a pod of west and of central", served)
+		}
+		if n := marksCounted(t, east, "rejected") - rejected; n < float64(sent) {
+			t.Errorf("east rejected %v forged marks of %d requests", n, sent)
+		}
+		// Each request served in central arrived with east's marks, which
+		// central verified, and central sent none on.
+		if n := marksCounted(t, central, "accepted") - accepted; n < float64(inCentral) {
+			t.Errorf("central accepted %v marks for %d requests it served", n, inCentral)
+		}
+		if n := remotePicks(t, central) - centralRemote; n != 0 {
+			t.Errorf("central forwarded %v requests again", n)
 		}
 	})
 
@@ -324,6 +353,33 @@ func TestEPPFederation(t *testing.T) {
 // subscribeAs subscribes to f's federation server as a client with a
 // certificate for id from issuer (or none), and returns how the first
 // receive ended.
+// marksCounted is a picker's count of requests whose Parent-mode marks had
+// result (accepted, rejected, absent).
+func marksCounted(t *testing.T, f *fedCluster, result string) float64 {
+	t.Helper()
+	m, err := f.EPPMetrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m[fmt.Sprintf("fleetinfer_epp_parent_marks_total{result=%q}", result)]
+}
+
+// remotePicks is a picker's count of picks that left its cluster.
+func remotePicks(t *testing.T, f *fedCluster) float64 {
+	t.Helper()
+	m, err := f.EPPMetrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0.0
+	for series, v := range m {
+		if strings.HasPrefix(series, "fleetinfer_epp_picks_total{") && strings.Contains(series, `locality="remote"`) {
+			n += v
+		}
+	}
+	return n
+}
+
 func subscribeAs(t *testing.T, f *fedCluster, issuer *federationtest.CA, id string, withCert bool) error {
 	t.Helper()
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true} //nolint:gosec // the server is not what is tested

@@ -601,30 +601,16 @@ func TestGatewayFallsBackWhenFirstEndpointRefusesConnections(t *testing.T) {
 	t.Logf("%v of 16 requests fell back from %s to %s", fallbacks, s.broken.Status.PodIP, spare)
 }
 
-// The subset header steers the picker only on the peer listener, where other
-// clusters' gateways forward parent-mode requests: there every request goes
-// to the named pod, and a subset of unknown pods gets the picker's 503. On
-// the public listener the header is dropped.
-func TestGatewayHonoursSubsetHintOnlyOnPeerListener(t *testing.T) {
+// A client does not name endpoints: as deploy/envoy/envoy.yaml does, the
+// gateway drops the destination and subset headers a client sends, and the
+// picker picks as usual.
+func TestGatewayIgnoresClientEndpointHeaders(t *testing.T) {
 	s := gatewayStack(t)
 	const host = "subset.gateway.test"
 	gwCreateRoute(t, s, fedpool.Route(s.ns, "subset", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("llm")}))
-	peer, public := s.spoke.GatewayPeerURL(), s.spoke.GatewayURL()
-	for _, target := range s.llmPods {
-		hint := map[string]string{gateway.SubsetHeader: net.JoinHostPort(target.Status.PodIP, fmt.Sprint(gwPort))}
-		for i := range 4 {
-			resp, b := gwPost(t, peer, host, "/v1/completions", gwCompletion(fmt.Sprintf("peer %d", i), false, 2), hint)
-			if resp.StatusCode != http.StatusOK || resp.Header.Get(gwPodHeader) != target.Name {
-				t.Fatalf("peer listener, subset %s: %s from %q: %s", target.Name, resp.Status, resp.Header.Get(gwPodHeader), b)
-			}
-		}
-	}
-	unknown := map[string]string{gateway.SubsetHeader: "127.0.0.99:8000"}
-	if resp, b := gwPost(t, peer, host, "/v1/completions", gwCompletion("nowhere", false, 2), unknown); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("peer listener, unknown subset: %s %s; want the picker's 503", resp.Status, b)
-	}
-	if resp, b := gwPost(t, public, host, "/v1/completions", gwCompletion("ignored", false, 2), unknown); resp.StatusCode != http.StatusOK {
-		t.Errorf("public listener, unknown subset: %s %s; want the header ignored", resp.Status, b)
+	nowhere := map[string]string{extproc.SubsetKey: "127.0.0.99:8000", extproc.DestinationHeader: "127.0.0.99:8000"}
+	if resp, b := gwPost(t, s.spoke.GatewayURL(), host, "/v1/completions", gwCompletion("ignored", false, 2), nowhere); resp.StatusCode != http.StatusOK {
+		t.Errorf("client endpoint headers: %s %s; want them ignored", resp.Status, b)
 	}
 }
 

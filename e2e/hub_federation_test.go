@@ -73,13 +73,13 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 	ns := namespace(t, fl.Hub)
 	const name = "federated"
 	svc := gpuService(ns, name, 1, 1)
-	// Routed through each spoke's default Gateway, whose peer address the
-	// spoke reports on the copy for Parent mode.
+	// Routed through each spoke's default Gateway, whose address the spoke
+	// reports on the copy for Parent mode.
 	svc.Spec.Router = &v1alpha2.RouterSpec{Scheduler: &v1alpha2.SchedulerSpec{},
 		Route: &v1alpha2.GatewayRoutesSpec{}, Gateway: &v1alpha2.GatewaySpec{}}
 	p := place(t, svc, fleetv1alpha1.InferencePlacementSpec{
 		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east", "west", "central"}},
-		// Parent mode: peers carry their gateway's peer listener.
+		// Parent mode: peers carry their gateway's address.
 		Federation: fleetv1alpha1.Federation{Mode: fleetv1alpha1.FederationParent},
 	})
 	hubReady(t, ns, name, "central=1,east=1,west=1", 120*time.Second)
@@ -102,7 +102,7 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 				for _, peer := range d.Peers {
 					got = append(got, peer.Cluster)
 					wantID := fmt.Sprintf("spiffe://fleetinfer.io/cluster/%s/ns/%s/llminferenceservice/%s", peer.Cluster, ns, name)
-					gw := strings.TrimPrefix(fl.Spoke(peer.Cluster).GatewayPeerURL(), "http://")
+					gw := strings.TrimPrefix(fl.Spoke(peer.Cluster).GatewayURL(), "http://")
 					if peer.FederationAddress != addr[peer.Cluster] || peer.Identity != wantID || peer.GatewayAddress != gw || peer.Mode != fleetv1alpha1.FederationParent {
 						return fmt.Errorf("%s lists %+v; want %s, %s, gateway %s, Parent", m, peer, addr[peer.Cluster], wantID, gw)
 					}

@@ -23,15 +23,20 @@ import (
 //     remote endpoints are added only once no local endpoint has headroom,
 //     and then only the least loaded few, next to the least loaded few local
 //     ones; the filter plugin then only trims them.
-//   - With a hint (x-gateway-destination-endpoint-subset in metadata
-//     namespace envoy.lb.subset_hint), the candidates are the local
-//     endpoints matching a hinted ip:port (IP and port; an entry without a
-//     port matches by IP, as in GIE). Hinted requests never leave the cluster:
-//     they were sent here by another cluster's EPP (Parent mode), and going on
-//     elsewhere could bounce a request between clusters. When no hinted
-//     endpoint exists (the pod went away), the pool's failureMode decides:
-//     FailOpen picks among all local endpoints, FailClose returns none (503).
-//   - An empty hint list means no candidates, as in GIE.
+//   - With a verified Parent-mode mark (another cluster's EPP forwarded the
+//     request here; see package marks), the candidates are local only, so a
+//     request crosses at most one cluster boundary and never bounces between
+//     clusters: the local endpoints matching the mark's pods (IP and port)
+//     when it names any and they exist, else all local endpoints when it
+//     names none; when the named pods went away, the pool's failureMode
+//     decides, as for a subset hint.
+//   - With a subset hint (x-gateway-destination-endpoint-subset in metadata
+//     namespace envoy.lb.subset_hint, set by a gateway's own configuration),
+//     the candidates are the local endpoints matching a hinted ip:port (IP
+//     and port; an entry without a port matches by IP, as in GIE). When no
+//     hinted endpoint exists (the pod went away), the pool's failureMode
+//     decides: FailOpen picks among all local endpoints, FailClose returns
+//     none (503). An empty hint list means no candidates, as in GIE.
 type candidates struct {
 	ds interface {
 		PodList(func(fwkdl.Endpoint) bool) []fwkdl.Endpoint
@@ -55,6 +60,12 @@ type remoteEndpoints interface {
 }
 
 func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endpoint {
+	if p := pickOf(ctx); p != nil && p.marked != nil {
+		if pods := p.marked.PodList(); len(pods) > 0 {
+			return c.hinted(ctx, pods)
+		}
+		return c.ds.PodList(datastore.AllPodsPredicate)
+	}
 	if !c.disableSubsetHint {
 		if hint, ok := subsetHint(md); ok {
 			return c.hinted(ctx, hint)

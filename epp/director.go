@@ -5,27 +5,28 @@ import (
 	"slices"
 	"strings"
 
-	configPb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extProcPb "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
 
-// The request path around GIE's Director, for remote picks: pickRecorder
-// records a pick's endpoints, the director wrapper turns Parent-mode picks
-// into the remote gateway's address, and the ext-proc stream wrapper adds
-// the subset hint header to the headers response. The three share the
-// request's pick (see pickKey).
+// The request path around GIE's Director, for remote picks: the stream
+// wrapper verifies the Parent-mode marks a request arrives with (which keep
+// its pick local, see candidates), pickRecorder records a pick's endpoints,
+// the director wrapper turns Parent-mode picks into the remote gateway's
+// address and signs the marks, and the stream wrapper adds them to the
+// headers response. They share the request's pick (see pickKey).
 
 // director wraps GIE's Director: after GIE's pick, targets in Parent-mode
-// clusters are replaced by their cluster's gateway, and the pods become the
-// subset hint. Endpoint-mode and local targets keep their ip:port.
+// clusters are replaced by their cluster's gateway, and the pods go into
+// the signed marks. Endpoint-mode and local targets keep their ip:port.
 type director struct {
 	handlers.Director
+	marker *marker
 }
 
 func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestContext) (*handlers.RequestContext, error) {
@@ -44,56 +45,69 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 		o := federation.OriginOf(t)
 		return o != nil && o.Mode == fleetv1alpha1.FederationParent
 	})
-	if !parent {
-		// GIE's destination, every target's ip:port, is already right.
+	if !parent || p.marked != nil {
+		// GIE's destination, every target's ip:port, is already right. (A
+		// marked request has local candidates only.)
 		return rc, nil
 	}
 	dest := make([]string, 0, len(p.targets))
-	var hint []string
+	var pods []string
 	for _, t := range p.targets {
 		addr := federation.PodAddress(t.GetMetadata())
 		if o := federation.OriginOf(t); o != nil && o.Mode == fleetv1alpha1.FederationParent {
-			hint = append(hint, addr)
+			pods = append(pods, addr)
 			addr = o.Gateway
 		}
 		if !slices.Contains(dest, addr) {
 			dest = append(dest, addr)
 		}
 	}
+	if p.marks, err = d.marker.sign(strings.Join(pods, ",")); err != nil {
+		// Unmarked, the request would be picked afresh there and could
+		// come back: refuse it instead.
+		return rc, errcommon.Error{Code: errcommon.Internal, Msg: "Parent-mode marks: " + err.Error()}
+	}
 	// GIE writes the header and the envoy.lb metadata from TargetEndpoint
 	// after this returns, so both carry the rewritten value.
 	rc.TargetEndpoint = strings.Join(dest, ",")
-	p.hint = strings.Join(hint, ",")
 	return rc, nil
 }
 
-// extProcServer wraps GIE's StreamingServer: each stream gets its pick, and
-// the request-headers response of a Parent-mode pick gets the subset hint
-// header. GIE cannot set it itself: it strips that header from what it echoes
-// because it is one of its own input headers.
+// extProcServer wraps GIE's StreamingServer: each stream gets its pick, the
+// request's marks are verified when its headers arrive, and the
+// request-headers response carries a Parent-mode pick's marks.
 type extProcServer struct {
 	extProcPb.UnimplementedExternalProcessorServer
-	inner extProcPb.ExternalProcessorServer
+	inner  extProcPb.ExternalProcessorServer
+	marker *marker
 }
 
 func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer) error {
-	return s.inner.Process(&hintingStream{ExternalProcessor_ProcessServer: stream, ctx: withPick(stream.Context())})
+	return s.inner.Process(&markingStream{ExternalProcessor_ProcessServer: stream, ctx: withPick(stream.Context()), marker: s.marker})
 }
 
-type hintingStream struct {
+type markingStream struct {
 	extProcPb.ExternalProcessor_ProcessServer
-	ctx context.Context
+	ctx    context.Context
+	marker *marker
 }
 
-func (s *hintingStream) Context() context.Context { return s.ctx }
+func (s *markingStream) Context() context.Context { return s.ctx }
 
-func (s *hintingStream) Send(resp *extProcPb.ProcessingResponse) error {
+func (s *markingStream) Recv() (*extProcPb.ProcessingRequest, error) {
+	req, err := s.ExternalProcessor_ProcessServer.Recv()
+	if h := req.GetRequestHeaders(); err == nil && h != nil {
+		if p := pickOf(s.ctx); p != nil {
+			s.marker.read(s.ctx, h.GetHeaders(), p)
+		}
+	}
+	return req, err
+}
+
+func (s *markingStream) Send(resp *extProcPb.ProcessingResponse) error {
 	if h := resp.GetRequestHeaders().GetResponse().GetHeaderMutation(); h != nil {
-		if p := pickOf(s.ctx); p != nil && p.hint != "" {
-			h.SetHeaders = append(h.SetHeaders, &configPb.HeaderValueOption{
-				Header:       &configPb.HeaderValue{Key: metadata.SubsetFilterKey, RawValue: []byte(p.hint)},
-				AppendAction: configPb.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-			})
+		if p := pickOf(s.ctx); p != nil {
+			markMutation(h, p)
 		}
 	}
 	return s.ExternalProcessor_ProcessServer.Send(resp)

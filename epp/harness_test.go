@@ -2,9 +2,13 @@ package epp
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +31,9 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
+	"github.com/fleetinfer/fleetinfer/epp/marks"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
@@ -126,7 +132,72 @@ func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoin
 	parser := handlers.NewParser(cfg.ParserConfig)
 	gie := requestcontrol.NewDirectorWithConfig(ds, scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig),
 		requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, cands), parser, cands, rc)
-	h.server = newExtProcServer(ds, gie, parser)
+	h.server = newExtProcServer(ds, gie, parser, testMarker(t))
+	return h
+}
+
+// The harness's picker is east's, in pool llm/llama; its peer directory
+// lists west and central, and every certificate comes from one CA.
+var (
+	testPool    = types.NamespacedName{Namespace: "llm", Name: "llama"}
+	testIDs     = map[string]string{"west": "spiffe://fleetinfer.test/west", "central": "spiffe://fleetinfer.test/central"}
+	testPKIOnce sync.Once
+	testPKI     struct {
+		ca    *federationtest.CA
+		roots *x509.CertPool
+		certs map[string]*tls.Certificate // by cluster, east included
+		err   error
+	}
+)
+
+// testCert returns the federation certificate of a cluster, issued by the
+// harness's CA.
+func testCert(t testing.TB, cluster string) *tls.Certificate {
+	t.Helper()
+	testPKIOnce.Do(func() {
+		p := &testPKI
+		if p.ca, p.err = federationtest.NewCA("fleet"); p.err != nil {
+			return
+		}
+		p.roots = x509.NewCertPool()
+		p.roots.AppendCertsFromPEM(p.ca.PEM)
+		p.certs = map[string]*tls.Certificate{}
+		for _, c := range []string{"east", "west", "central"} {
+			certPEM, keyPEM, err := p.ca.Issue("spiffe://fleetinfer.test/" + c)
+			if err != nil {
+				p.err = err
+				return
+			}
+			kp, err := tls.X509KeyPair(certPEM, keyPEM)
+			if err != nil {
+				p.err = err
+				return
+			}
+			p.certs[c] = &kp
+		}
+	})
+	if testPKI.err != nil {
+		t.Fatal(testPKI.err)
+	}
+	return testPKI.certs[cluster]
+}
+
+func testMarker(t testing.TB) *marker {
+	cert := testCert(t, "east")
+	return &marker{cluster: "east", pool: testPool, cert: func() *tls.Certificate { return cert }, now: time.Now,
+		verifier: &marks.Verifier{Pool: testPool, Roots: func() *x509.CertPool { return testPKI.roots },
+			Identity: func(c string) (string, bool) { id, ok := testIDs[c]; return id, ok }}}
+}
+
+// markedBy returns the mark headers another cluster's picker sets when it
+// forwards a request for pods here.
+func markedBy(t testing.TB, cluster, pods string) [][2]string {
+	t.Helper()
+	h, err := marks.Sign(marks.Mark{Origin: cluster, Pool: testPool, Pods: pods, Hops: 1,
+		Expires: time.Now().Add(marks.Lifetime).Unix()}, testCert(t, cluster))
+	if err != nil {
+		t.Fatal(err)
+	}
 	return h
 }
 
@@ -250,12 +321,20 @@ type result struct {
 	status   int    // immediate response status, 0 when routed
 	dest     string // x-gateway-destination-endpoint header
 	metadata string // envoy.lb metadata value
-	hint     string // x-gateway-destination-endpoint-subset header
+	// marks is the Parent-mode marks' pod header a pick sets, "-" when it
+	// removes the marks a request carried, "" when it does neither.
+	marks string
 }
 
 // request sends a POST with body, split in chunks of at most chunk bytes, as
 // Envoy does in FULL_DUPLEX_STREAMED mode, with an optional subset hint.
 func (h *harness) request(t testing.TB, body string, chunk int, hint []string) result {
+	t.Helper()
+	return h.requestWith(t, body, chunk, hint, nil)
+}
+
+// requestWith is request with extra request headers.
+func (h *harness) requestWith(t testing.TB, body string, chunk int, hint []string, hdr [][2]string) result {
 	t.Helper()
 	var md *corev3.Metadata
 	if hint != nil {
@@ -270,6 +349,10 @@ func (h *harness) request(t testing.TB, body string, chunk int, hint []string) r
 		md = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{metadata.SubsetFilterNamespace: st}}
 	}
 	s := &fakeStream{ctx: context.Background(), in: requestMessages(body, chunk, md)}
+	rh := s.in[0].GetRequestHeaders().GetHeaders()
+	for _, kv := range hdr {
+		rh.Headers = append(rh.Headers, &corev3.HeaderValue{Key: kv[0], RawValue: []byte(kv[1])})
+	}
 	if err := h.server.Process(s); err != nil {
 		t.Fatalf("Process: %v", err)
 	}
@@ -282,12 +365,23 @@ func (h *harness) request(t testing.TB, body string, chunk int, hint []string) r
 		if hr == nil {
 			continue
 		}
-		for _, hv := range hr.GetResponse().GetHeaderMutation().GetSetHeaders() {
-			switch hv.GetHeader().GetKey() {
-			case metadata.DestinationEndpointKey:
-				r.dest = string(hv.GetHeader().GetRawValue())
-			case metadata.SubsetFilterKey:
-				r.hint = string(hv.GetHeader().GetRawValue())
+		mut := hr.GetResponse().GetHeaderMutation()
+		if slices.Contains(mut.GetRemoveHeaders(), marks.Signature) {
+			r.marks = "-"
+		}
+		set := map[string]string{}
+		for _, hv := range mut.GetSetHeaders() {
+			set[hv.GetHeader().GetKey()] = string(hv.GetHeader().GetRawValue())
+		}
+		r.dest = set[metadata.DestinationEndpointKey]
+		if sig, ok := set[marks.Signature]; ok {
+			r.marks = set[marks.Pod]
+			// What the remote picker will make of them.
+			m, err := (&marks.Verifier{Pool: testPool, Roots: func() *x509.CertPool { return testPKI.roots },
+				Identity: func(string) (string, bool) { return "spiffe://fleetinfer.test/east", true }}).
+				Verify(func(k string) (string, bool) { v, ok := set[k]; return v, ok })
+			if err != nil || m.Origin != "east" || m.Hops != 1 || sig == "" {
+				t.Fatalf("the marks set do not verify at the remote picker: %v (%+v)", err, m)
 			}
 		}
 		r.metadata = resp.GetDynamicMetadata().GetFields()[metadata.DestinationEndpointNamespace].GetStructValue().

@@ -20,12 +20,20 @@ var (
 	// subsetHints is counted by the candidate lookup.
 	subsetHints = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_subset_hints_total",
-		Help: "Requests that carried a subset hint, by result: honoured (a hinted endpoint exists), fallback (none does; own pick, FailOpen) or rejected (none does; FailClose).",
+		Help: "Requests that carried a subset hint (GIE's envoy.lb.subset_hint metadata, or the pod of a verified Parent-mode mark), by result: honoured (a hinted endpoint exists), fallback (none does; own pick, FailOpen) or rejected (none does; FailClose).",
 	}, []string{"result"})
+	// parentMarks is counted when a request's headers arrive.
+	parentMarks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_parent_marks_total",
+		Help: "Requests by their Parent-mode marks: accepted (verified; picked locally), rejected (present but not verified; picked as a client request) or absent.",
+	}, []string{"result"})
+	// parentMarksAbsent is parentMarks' absent series, counted on most
+	// requests.
+	parentMarksAbsent = parentMarks.WithLabelValues("absent")
 )
 
 // metricCollectors returns every fleetinfer EPP metric: the federation's and the
 // request path's.
 func metricCollectors() []prometheus.Collector {
-	return append(federation.Collectors(), picks, subsetHints)
+	return append(federation.Collectors(), picks, subsetHints, parentMarks)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
+	"github.com/fleetinfer/fleetinfer/epp/marks"
 )
 
 // FederationOptions are the federation's command-line flags. Federation is
@@ -67,7 +68,7 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CertFile, fleetv1alpha1.FlagFederationCertFile, o.CertFile, "PEM certificate of this EPP's federation identity (reloaded on change).")
 	fs.StringVar(&o.KeyFile, fleetv1alpha1.FlagFederationKeyFile, o.KeyFile, "PEM private key of the federation certificate (reloaded on change).")
 	fs.StringVar(&o.CAFile, fleetv1alpha1.FlagFederationCAFile, o.CAFile, "PEM CA bundle that signs peers' certificates (reloaded on change).")
-	fs.StringVar(&o.Mode, fleetv1alpha1.FlagFederationMode, o.Mode, "How requests reach peers' pods when their entry does not say: Endpoint (pod ip:port) or Parent (peer gateway plus subset hint).")
+	fs.StringVar(&o.Mode, fleetv1alpha1.FlagFederationMode, o.Mode, "How requests reach peers' pods when their entry does not say: Endpoint (pod ip:port) or Parent (peer gateway, with signed marks).")
 	fs.DurationVar(&o.Staleness, "federation-staleness", o.Staleness, "Remote endpoints whose data is older are not candidates; a silent peer is disconnected after this long.")
 	fs.DurationVar(&o.PublishInterval, "federation-publish-interval", o.PublishInterval, "How often local changes are sent to subscribers.")
 	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
@@ -111,6 +112,15 @@ type federationParts struct {
 	subscriber *federation.Subscriber
 	port       int
 	reload     time.Duration
+	cluster    string
+	pool       types.NamespacedName
+}
+
+// marker signs this picker's Parent-mode marks with its federation key and
+// verifies its peers' against the CA bundle and the peer directory.
+func (f *federationParts) marker() *marker {
+	return &marker{cluster: f.cluster, pool: f.pool, cert: f.creds.Certificate, now: time.Now,
+		verifier: &marks.Verifier{Pool: f.pool, Roots: f.creds.Roots, Identity: federation.PeerIdentity(f.dir, f.pool, f.cluster)}}
 }
 
 func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datastore, log logr.Logger) (*federationParts, error) {
@@ -130,7 +140,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 	limits := federation.Limits{MaxMessageBytes: o.MaxMessageBytes, MaxEndpoints: o.MaxEndpoints}
 	store := federation.NewStore(o.Staleness)
 	return &federationParts{
-		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval,
+		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool,
 		publisher: federation.NewPublisher(federation.PublisherOptions{
 			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
 			Interval: o.PublishInterval, Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,

@@ -5,6 +5,8 @@ import (
 
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+
+	"github.com/fleetinfer/fleetinfer/epp/marks"
 )
 
 // pick is one request's scheduling outcome as fleetinfer needs it for
@@ -12,9 +14,14 @@ import (
 type pick struct {
 	// targets are the primary profile's endpoints, in order.
 	targets []fwksched.Endpoint
-	// hint is the x-gateway-destination-endpoint-subset header value for a
-	// Parent-mode pick.
-	hint string
+	// marks are the headers a Parent-mode pick adds to the request.
+	marks [][2]string
+	// marked is the verified mark the request arrived with, nil without:
+	// it is picked among local endpoints only.
+	marked *marks.Mark
+	// carried reports that the request arrived with mark headers, verified
+	// or not; they are removed unless the pick sets its own.
+	carried bool
 }
 
 // pickKey is the context key of a request's *pick, the one piece of
@@ -24,10 +31,11 @@ type pick struct {
 // stream (one stream is one request), and GIE passes that context down to
 // its Director, the candidate lookup and the plugins. Then, in order:
 //
+//   - markingStream, on the request headers, writes the verified mark;
+//   - candidates reads the mark, and asks forRequest whether there is a pick;
 //   - pickRecorder (a PreRequest plugin) writes the targets;
-//   - director reads the targets and writes the hint;
-//   - hintingStream reads the hint into the request-headers response;
-//   - candidates reads nothing, but asks forRequest whether there is a pick.
+//   - director reads the targets and writes the marks;
+//   - markingStream reads the marks into the request-headers response.
 //
 // A context without a *pick is not a request's: flow control's dispatch
 // cycle calls the candidate lookup with its own context, to probe the pool's

@@ -3,8 +3,13 @@ package epp
 import (
 	"fmt"
 	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+
+	"github.com/fleetinfer/fleetinfer/epp/marks"
 )
 
 func TestRequestPath(t *testing.T) {
@@ -18,8 +23,11 @@ func TestRequestPath(t *testing.T) {
 		local, remote []fwkdl.Endpoint
 		body          string
 		hint          []string
+		hdr           [][2]string
 		failOpen      bool
 		want          result
+		// marks is how the picker counts the request's marks.
+		marks string
 	}{{
 		name:  "local pick with header and envoy.lb metadata",
 		local: []fwkdl.Endpoint{idle, busy}, remote: []fwkdl.Endpoint{remoteIdle},
@@ -33,9 +41,45 @@ func TestRequestPath(t *testing.T) {
 		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{remoteIdle},
 		want: result{dest: "127.12.0.1:8000", metadata: "127.12.0.1:8000"},
 	}, {
-		name:  "Parent mode sends to the remote gateway with the pod as subset hint",
+		name:  "Parent mode sends to the remote gateway with the pod in signed marks",
 		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{parentIdle},
-		want: result{dest: "127.13.0.99:8080", metadata: "127.13.0.99:8080", hint: "127.13.0.1:8000"},
+		want: result{dest: "127.13.0.99:8080", metadata: "127.13.0.99:8080", marks: "127.13.0.1:8000"},
+	}, {
+		name:  "a request marked by a peer is picked locally, on the named pod",
+		local: []fwkdl.Endpoint{idle, busy}, remote: []fwkdl.Endpoint{parentIdle},
+		hdr:  markedBy(t, "central", "127.11.0.2:8000"),
+		want: result{dest: "127.11.0.2:8000", metadata: "127.11.0.2:8000", marks: "-"}, marks: "accepted",
+	}, {
+		name:  "a marked request never leaves the cluster, even with every local pod saturated",
+		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{parentIdle, remoteIdle},
+		hdr:  markedBy(t, "central", ""),
+		want: result{dest: "127.11.0.2:8000", metadata: "127.11.0.2:8000", marks: "-"}, marks: "accepted",
+	}, {
+		name:  "marked pod gone: own local pick when the pool fails open",
+		local: []fwkdl.Endpoint{idle, busy}, remote: []fwkdl.Endpoint{parentIdle}, failOpen: true,
+		hdr:  markedBy(t, "central", "127.11.0.9:8000"),
+		want: result{dest: "127.11.0.1:8000", metadata: "127.11.0.1:8000", marks: "-"}, marks: "accepted",
+	}, {
+		name:  "marked pod gone: 503 when the pool fails closed",
+		local: []fwkdl.Endpoint{idle, busy}, remote: []fwkdl.Endpoint{parentIdle},
+		hdr:  markedBy(t, "central", "127.11.0.9:8000"),
+		want: result{status: 503}, marks: "accepted",
+	}, {
+		name:  "forged marks do not keep a request local: it spills with marks of its own",
+		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{parentIdle},
+		hdr: [][2]string{{marks.Origin, "central"}, {marks.Hops, "1"}, {marks.Pod, "127.11.0.2:8000"},
+			{marks.Expires, fmt.Sprint(time.Now().Add(time.Second).Unix())}, {marks.Signature, "Zm9yZ2Vk"}},
+		want: result{dest: "127.13.0.99:8080", metadata: "127.13.0.99:8080", marks: "127.13.0.1:8000"}, marks: "rejected",
+	}, {
+		name:  "forged marks do not steer a local pick, and are removed",
+		local: []fwkdl.Endpoint{idle, busy},
+		hdr:   [][2]string{{marks.Origin, "central"}, {marks.Pod, "127.11.0.2:8000"}},
+		want:  result{dest: "127.11.0.1:8000", metadata: "127.11.0.1:8000", marks: "-"}, marks: "rejected",
+	}, {
+		name:  "marks signed by a cluster outside the directory do not steer",
+		local: []fwkdl.Endpoint{idle, busy},
+		hdr:   markedBy(t, "east", "127.11.0.2:8000"),
+		want:  result{dest: "127.11.0.1:8000", metadata: "127.11.0.1:8000", marks: "-"}, marks: "rejected",
 	}, {
 		name:  "remote endpoints without headroom do not take a spill",
 		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{endpoint("r@west", "127.12.0.1:8000", 20, west)},
@@ -72,8 +116,15 @@ func TestRequestPath(t *testing.T) {
 			if body == "" {
 				body = completion("Hello from the fleet")
 			}
-			if got := h.request(t, body, 7, tc.hint); got != tc.want {
+			if tc.marks == "" {
+				tc.marks = "absent"
+			}
+			before := counted(t, tc.marks)
+			if got := h.requestWith(t, body, 7, tc.hint, tc.hdr); got != tc.want {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+			if n := counted(t, tc.marks) - before; n != 1 {
+				t.Fatalf("marks counted %s %v times, want once", tc.marks, n)
 			}
 		})
 	}
@@ -110,4 +161,14 @@ dataLayer: {sources: []}
 			t.Fatalf("round %d: both requests went to %s while the other endpoint had none in flight", round, first)
 		}
 	}
+}
+
+// counted is the picker's count of requests whose marks had result.
+func counted(t *testing.T, result string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := parentMarks.WithLabelValues(result).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

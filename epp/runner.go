@@ -13,15 +13,17 @@
 // it (runner.go):
 //
 //  1. the candidate lookup (candidates.go) adds fresh remote endpoints and
-//     matches subset hints by IP and port, with the pool's failureMode
+//     matches subset hints and marked pods by IP and port, with the pool's failureMode
 //     deciding what happens to a hint whose pod is gone. With a
 //     cross-cluster-filter configured, its spill policy (package spill,
 //     built once by the plugin's factory and shared) decides when remote
 //     endpoints join: the least loaded few, once no local endpoint has
 //     headroom; the plugin (plugins/crosscluster) then only trims them;
 //  2. the ext-proc server's Director is wrapped (director.go) to send
-//     Parent-mode picks to the remote gateway with a subset hint header;
-//     the wrappers share the request's pick (pick.go);
+//     Parent-mode picks to the remote gateway with signed marks (package
+//     marks, parentmarks.go), and its stream to verify the marks a request
+//     arrives with, which keep its pick local; the wrappers share the
+//     request's pick (pick.go);
 //  3. the federation server and subscriptions (peering.go, package
 //     federation) run next to GIE's servers;
 //  4. fleetinfer's plugins (plugins.go: plugins/crosscluster,
@@ -80,6 +82,9 @@ type Runner struct {
 	// spill is the configured cross-cluster-filter's spill policy, recorded
 	// by the plugin's factory while GIE instantiates the configuration.
 	spill *spillPolicy
+	// marker signs and verifies Parent-mode marks; built with the
+	// candidate lookup, before the ext-proc server; nil without federation.
+	marker *marker
 }
 
 // NewRunner returns a runner whose flags are GIE's, fleetinfer's federation
@@ -96,7 +101,9 @@ func NewRunner() *Runner {
 		RequestControlPlugins: []fwkplugin.Plugin{pickRecorder{}},
 		Collectors:            metricCollectors(),
 		Candidates:            r.candidates,
-		ExtProcServer:         newExtProcServer,
+		ExtProcServer: func(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
+			return newExtProcServer(ds, gie, parser, r.marker)
+		},
 	})
 	return r
 }
@@ -139,6 +146,7 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 		failOpen: poolFailOpen(p.Manager.GetClient(), p.Name, p.HasPool)}
 	if fed.store != nil {
 		cands.remote = fed.store
+		r.marker = fed.marker()
 	}
 	if cands.spill, err = r.spill.get(); err != nil {
 		return nil, err
@@ -151,9 +159,9 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 
 // newExtProcServer is the ext-proc service around GIE's Director: GIE's
 // StreamingServer over the director wrapper, inside the stream wrapper
-// (director.go).
-func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
-	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie}, parser)}
+// (director.go), both with the marker (nil without federation).
+func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker) extProcPb.ExternalProcessorServer {
+	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m}, parser), marker: m}
 }
 
 // poolFailOpen reads endpointPickerRef.failureMode from the InferencePool,

@@ -32,7 +32,7 @@ const ClusterLabel = "fleetinfer.io/cluster"
 type Origin struct {
 	Cluster string
 	// Mode says whether requests go to the pod itself (Endpoint) or to its
-	// cluster's gateway with the pod as subset hint (Parent).
+	// cluster's gateway with the pod named in signed marks (Parent).
 	Mode fleetv1alpha1.FederationMode
 	// Gateway is the cluster's gateway address (host:port), for Parent mode.
 	Gateway string

@@ -89,6 +89,20 @@ func Authorize(dir *DirectoryFile, pool types.NamespacedName, self string) func(
 	}
 }
 
+// PeerIdentity returns the identity the directory lists for a peer cluster
+// of this pool (false for an unknown cluster, and for self), for checking
+// the certificate behind a Parent-mode mark (package epp/marks).
+func PeerIdentity(dir *DirectoryFile, pool types.NamespacedName, self string) func(cluster string) (string, bool) {
+	return func(cluster string) (string, bool) {
+		for _, p := range dir.Current().For(pool, self) {
+			if p.Cluster == cluster {
+				return p.Identity, true
+			}
+		}
+		return "", false
+	}
+}
+
 func (s *Subscriber) sync(ctx context.Context, d *fleetv1alpha1.PeerDirectory) {
 	want := map[string]fleetv1alpha1.Peer{}
 	for _, p := range d.For(s.opts.Pool, s.opts.Cluster) {

@@ -97,6 +97,19 @@ func (c *Credentials) current() (*tls.Certificate, *x509.CertPool) {
 	return c.cert, c.pool
 }
 
+// Certificate returns the current certificate and its private key, which
+// also sign this picker's Parent-mode marks (package epp/marks).
+func (c *Credentials) Certificate() *tls.Certificate {
+	cert, _ := c.current()
+	return cert
+}
+
+// Roots returns the current CA bundle; a new pool after each reload.
+func (c *Credentials) Roots() *x509.CertPool {
+	_, pool := c.current()
+	return pool
+}
+
 // ServerConfig is the federation server's TLS configuration: a client must
 // present a certificate signed by the CA; which identities may subscribe is
 // decided per stream against the peer directory.

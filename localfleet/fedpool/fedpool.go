@@ -70,10 +70,10 @@ func (m *Member) EPPAddr(port int) string {
 	return net.JoinHostPort(m.EPP.Status.PodIP, strconv.Itoa(port))
 }
 
-// GatewayPeerAddr is host:port of the cluster gateway's peer listener, where
-// Parent-mode requests from other clusters arrive.
-func (m *Member) GatewayPeerAddr() string {
-	return strings.TrimPrefix(m.Cluster.GatewayPeerURL(), "http://")
+// GatewayAddr is host:port of the cluster gateway's listener, where clients'
+// requests and those other clusters forward in Parent mode arrive alike.
+func (m *Member) GatewayAddr() string {
+	return strings.TrimPrefix(m.Cluster.GatewayURL(), "http://")
 }
 
 // EPPMetrics scrapes the picker's Prometheus endpoint into series → value.
@@ -162,7 +162,7 @@ func Deploy(ctx context.Context, o Options) (*Pool, error) {
 		}
 		dir.Peers = append(dir.Peers, fleetv1alpha1.Peer{Cluster: m.Cluster.Name(),
 			Pool:              &fleetv1alpha1.PoolRef{Namespace: o.Namespace, Name: o.Pool},
-			FederationAddress: m.EPPAddr(FederationPort), GatewayAddress: m.GatewayPeerAddr(), Identity: m.Identity, Mode: m.Mode})
+			FederationAddress: m.EPPAddr(FederationPort), GatewayAddress: m.GatewayAddr(), Identity: m.Identity, Mode: m.Mode})
 	}
 	peers, err := yaml.Marshal(dir)
 	if err != nil {

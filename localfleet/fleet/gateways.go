@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"net/netip"
-	"strconv"
 	"sync"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
 )
 
@@ -38,20 +36,15 @@ func GatewayAddress(index int) netip.Addr {
 }
 
 // startGateways creates the Gateway API objects of every spoke and starts
-// its gateway in this process. Each gateway knows the others' peer listeners
-// for parent-mode forwarding.
+// its gateway in this process.
 func (f *Fleet) startGateways(ctx context.Context) error {
-	peers := make([]netip.AddrPort, len(f.Spokes))
-	for i := range f.Spokes {
-		peers[i] = netip.AddrPortFrom(GatewayAddress(f.opts.FirstNetwork+i), gateway.DefaultPeerPort)
-	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(f.Spokes))
 	for i, s := range f.Spokes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = f.startGateway(ctx, s, f.opts.FirstNetwork+i, append(append([]netip.AddrPort{}, peers[:i]...), peers[i+1:]...))
+			errs[i] = f.startGateway(ctx, s, f.opts.FirstNetwork+i)
 		}()
 	}
 	wg.Wait()
@@ -63,7 +56,7 @@ func (f *Fleet) startGateways(ctx context.Context) error {
 	return nil
 }
 
-func (f *Fleet) startGateway(ctx context.Context, s *Cluster, index int, peers []netip.AddrPort) error {
+func (f *Fleet) startGateway(ctx context.Context, s *Cluster, index int) error {
 	began := time.Now()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}
 	class := &gatewayv1.GatewayClass{
@@ -72,9 +65,9 @@ func (f *Fleet) startGateway(ctx context.Context, s *Cluster, index int, peers [
 			Description: ptr.To("Local fleet gateway: ext-proc to endpoint pickers as Envoy")},
 	}
 	gw := &gatewayv1.Gateway{
-		// The hub tells Parent-mode peers to use the peer listener.
-		ObjectMeta: metav1.ObjectMeta{Name: GatewayName, Namespace: Namespace, Annotations: map[string]string{
-			fleetv1alpha1.GatewayPeerPortAnnotation: strconv.Itoa(gateway.DefaultPeerPort)}},
+		// Parent-mode peers forward to its address on the first listener's
+		// port, as any client reaches it.
+		ObjectMeta: metav1.ObjectMeta{Name: GatewayName, Namespace: Namespace},
 		Spec: gatewayv1.GatewaySpec{
 			GatewayClassName: GatewayClassName,
 			Listeners: []gatewayv1.Listener{{
@@ -89,11 +82,10 @@ func (f *Fleet) startGateway(ctx context.Context, s *Cluster, index int, peers [
 		}
 	}
 	g, err := gateway.New(gateway.Options{
-		Config:       s.Admin(),
-		Gateway:      types.NamespacedName{Namespace: Namespace, Name: GatewayName},
-		Address:      GatewayAddress(index),
-		PeerGateways: peers,
-		Log:          f.opts.Log.WithName("gateway").WithValues("cluster", s.Name()),
+		Config:  s.Admin(),
+		Gateway: types.NamespacedName{Namespace: Namespace, Name: GatewayName},
+		Address: GatewayAddress(index),
+		Log:     f.opts.Log.WithName("gateway").WithValues("cluster", s.Name()),
 	})
 	if err != nil {
 		return err
@@ -103,7 +95,7 @@ func (f *Fleet) startGateway(ctx context.Context, s *Cluster, index int, peers [
 		return err
 	}
 	s.Gateway = g
-	f.opts.Log.Info("gateway up", "cluster", s.Name(), "url", g.URL(), "peer", g.PeerURL(), "took", time.Since(began).Round(time.Millisecond))
+	f.opts.Log.Info("gateway up", "cluster", s.Name(), "url", g.URL(), "took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
 
@@ -128,13 +120,4 @@ func (c *Cluster) GatewayURL() string {
 		return ""
 	}
 	return c.Gateway.URL()
-}
-
-// GatewayPeerURL is the base URL of the spoke gateway's peer listener, where
-// requests forwarded by other clusters' gateways (parent mode) arrive.
-func (c *Cluster) GatewayPeerURL() string {
-	if c.Gateway == nil {
-		return ""
-	}
-	return c.Gateway.PeerURL()
 }

@@ -32,25 +32,15 @@
 // Endpoints are resolved from Pods, not EndpointSlices, which cannot exist in
 // the local fleet (the API server refuses loopback addresses in them).
 //
-// Cross-cluster parent mode. Besides its listeners the gateway has a peer
-// listener (Options.PeerPort) for requests other clusters' gateways forward
-// to it. Only there is the request header
-// x-gateway-destination-endpoint-subset honoured: it becomes the ext-proc
-// subset hint (metadata envoy.lb.subset_hint) for the local picker, and such
-// a request is only ever served by a local endpoint, so a request crosses at
-// most one cluster boundary. On ordinary listeners the header is removed, so
-// a client cannot steer picks.
-//
-// When the picker's destination is an endpoint of a Ready pod of the pool
-// (pod IP and one of the pool's target ports) it is local. Otherwise it is a
-// remote cluster's gateway when it is one of Options.PeerGateways or when the
-// picker named the chosen pod(s) in an x-gateway-destination-endpoint-subset
-// header mutation (or envoy.lb.subset_hint metadata): the gateway then
-// forwards the client's request as it arrived (path, headers and body before
-// rewrites and mutations, which the remote gateway applies itself) to that
-// address with the pod(s) in the x-gateway-destination-endpoint-subset
-// header. Any other destination is a remote pod reached directly over a flat
-// network (endpoint mode) and gets the same request a local pod would.
+// Cross-cluster picks. Whatever the picker's destination, a local pod,
+// another cluster's pod (Endpoint mode) or another cluster's gateway
+// (Parent mode), the gateway sends it the request as the picker's header and
+// body mutations left it, with the route's filters applied, as Envoy does:
+// Parent mode needs nothing else of a gateway, since the marks that keep a
+// forwarded request in the cluster it reaches are request headers the
+// pickers set and verify themselves (package epp/marks). Like
+// deploy/envoy/envoy.yaml, the gateway removes the destination and subset
+// headers a client sends.
 //
 // Observability: Prometheus metrics on Options.AdminPort (/metrics, plus
 // /healthz and /readyz), one structured log line per request at V(1).
@@ -91,12 +81,9 @@ import (
 // ControllerName is the GatewayClass controllerName this gateway implements.
 const ControllerName gatewayv1.GatewayController = "fleetinfer.io/local-gateway"
 
-// Default ports besides the Gateway's own listeners, borrowed from Istio's
-// conventions: the east-west (peer) listener and the Prometheus/health port.
-const (
-	DefaultPeerPort  = 15080
-	DefaultAdminPort = 15090
-)
+// DefaultAdminPort is the Prometheus/health port, besides the Gateway's own
+// listeners, borrowed from Istio's conventions.
+const DefaultAdminPort = 15090
 
 // Options configures a gateway.
 type Options struct {
@@ -109,13 +96,9 @@ type Options struct {
 	// Address is the loopback address every listener binds and the Gateway
 	// reports in status.addresses.
 	Address netip.Addr
-	// PeerPort is the port of the peer listener (default DefaultPeerPort),
-	// AdminPort that of /metrics, /healthz and /readyz (default
+	// AdminPort is the port of /metrics, /healthz and /readyz (default
 	// DefaultAdminPort).
-	PeerPort, AdminPort int
-	// PeerGateways are other clusters' peer listeners: a destination among
-	// them is forwarded in parent mode even without a subset.
-	PeerGateways []netip.AddrPort
+	AdminPort int
 	// AllowedTargets are the networks upstream connections may go to
 	// (default 127.0.0.0/8): whatever a picker answers, nothing else is
 	// dialled.
@@ -146,7 +129,6 @@ type Gateway struct {
 	rr        sync.Map // string -> *atomic.Uint64
 	transport *http.Transport
 	h2c       *http.Transport
-	peers     map[string]bool
 	allowed   []netip.Prefix
 
 	cache  cache.Cache
@@ -158,7 +140,6 @@ type Gateway struct {
 
 	mu        sync.Mutex
 	servers   map[int32]*server // the Gateway's HTTP listeners by port
-	peer      *server
 	admin     *server
 	listeners []*listenerState // last translation, for status
 }
@@ -187,9 +168,6 @@ func New(opts Options) (*Gateway, error) {
 	if !opts.Address.IsLoopback() {
 		return nil, fmt.Errorf("gateway: address %s is not a loopback address", opts.Address)
 	}
-	if opts.PeerPort == 0 {
-		opts.PeerPort = DefaultPeerPort
-	}
 	if opts.AdminPort == 0 {
 		opts.AdminPort = DefaultAdminPort
 	}
@@ -211,11 +189,7 @@ func New(opts Options) (*Gateway, error) {
 	g := &Gateway{
 		opts: opts, log: opts.Log.WithValues("gateway", opts.Gateway.String()),
 		metrics: newMetrics(), epps: newEPPClients(extproc.WithMessageTimeout(opts.EPPMessageTimeout)),
-		peers: map[string]bool{}, allowed: opts.AllowedTargets,
-		dirty: make(chan struct{}, 1), servers: map[int32]*server{},
-	}
-	for _, p := range opts.PeerGateways {
-		g.peers[p.String()] = true
+		allowed: opts.AllowedTargets, dirty: make(chan struct{}, 1), servers: map[int32]*server{},
 	}
 	dialer := &net.Dialer{Timeout: opts.ConnectTimeout, KeepAlive: 30 * time.Second}
 	// Bodies pass through untouched: no transparent gzip.
@@ -224,7 +198,7 @@ func New(opts Options) (*Gateway, error) {
 	var h2c http.Protocols
 	h2c.SetUnencryptedHTTP2(true)
 	g.h2c = &http.Transport{DialContext: dialer.DialContext, Protocols: &h2c, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
-	g.cfg.Store(&config{listeners: map[int32]*routeTable{}, peer: &routeTable{}})
+	g.cfg.Store(&config{listeners: map[int32]*routeTable{}})
 	return g, nil
 }
 
@@ -269,9 +243,6 @@ func (g *Gateway) Start(ctx context.Context) error {
 		return fail(errors.New("gateway: cache did not sync"))
 	}
 	if g.admin, err = g.listen(g.opts.AdminPort, g.adminHandler()); err != nil {
-		return fail(err)
-	}
-	if g.peer, err = g.listen(g.opts.PeerPort, g.handler(peerListener, 0)); err != nil {
 		return fail(err)
 	}
 	if err := g.reconcile(ctx); err != nil {
@@ -475,7 +446,7 @@ func (g *Gateway) adminHandler() http.Handler {
 func (g *Gateway) Stop() {
 	g.ready.Store(false)
 	g.mu.Lock()
-	servers := []*server{g.peer, g.admin}
+	servers := []*server{g.admin}
 	for _, s := range g.servers {
 		servers = append(servers, s)
 	}
@@ -513,15 +484,6 @@ func (g *Gateway) URL() string {
 	}
 	return ""
 }
-
-// PeerAddr is the peer listener's address, what other clusters' pickers
-// return as a parent-mode destination.
-func (g *Gateway) PeerAddr() netip.AddrPort {
-	return netip.AddrPortFrom(g.opts.Address, uint16(g.opts.PeerPort))
-}
-
-// PeerURL is the peer listener's base URL.
-func (g *Gateway) PeerURL() string { return "http://" + g.PeerAddr().String() }
 
 // MetricsURL is where the gateway's Prometheus metrics are served.
 func (g *Gateway) MetricsURL() string {

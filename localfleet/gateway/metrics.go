@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // gateways in one process.
 type metrics struct {
 	registry *prometheus.Registry
-	// requests counts answered requests by listener (public or peer), route
+	// requests counts answered requests by listener (always public), route
 	// ("namespace/name", "" when none matched), backend and status code.
 	requests *prometheus.CounterVec
 	// duration is the whole request at the gateway, to the last byte.
@@ -27,8 +27,8 @@ type metrics struct {
 	// fallbacks counts connection failures that moved a request on to the
 	// next endpoint the picker listed.
 	fallbacks *prometheus.CounterVec
-	// destinations counts picks by where they led: local, remote_endpoint
-	// (endpoint mode) or remote_gateway (parent mode).
+	// destinations counts picks by where they led: local, or remote
+	// (another cluster's pod or gateway).
 	destinations *prometheus.CounterVec
 }
 
@@ -59,7 +59,7 @@ func newMetrics() *metrics {
 			Help: "Upstream connection failures after which the next endpoint the picker listed was tried."},
 			[]string{"backend"}),
 		destinations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_epp_destinations_total",
-			Help: "Endpoint picker destinations used, by kind: local, remote_endpoint, remote_gateway."},
+			Help: "Endpoint picker destinations used, by kind: local, or remote (another cluster's pod or gateway)."},
 			[]string{"pool", "kind"}),
 	}
 	m.registry.MustRegister(m.requests, m.duration, m.upstreamHeaders, m.upstreamDuration, m.pick, m.failOpen, m.fallbacks, m.destinations)

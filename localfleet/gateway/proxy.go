@@ -21,14 +21,9 @@ import (
 
 type listenerKind string
 
-const (
-	publicListener listenerKind = "public"
-	peerListener   listenerKind = "peer"
-)
-
-// SubsetHeader is the request header that carries a parent-mode subset from
-// one cluster's gateway to another's peer listener.
-const SubsetHeader = extproc.SubsetKey
+// publicListener is every listener's kind: the gateway has only the
+// Gateway's own listeners.
+const publicListener listenerKind = "public"
 
 // maxAttempts bounds the endpoints tried for one request when connections
 // fail, like the connect-failure retries Istio configures by default.
@@ -55,21 +50,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, kind listenerKin
 	rec := &record{listener: kind}
 	defer g.observe(r, rw, rec, start)
 
-	cfg := g.cfg.Load()
-	table := cfg.peer
-	if kind == publicListener {
-		table = cfg.listeners[port]
-	}
-	// The subset header steers the picker, so only a peer gateway may send
-	// it; it travels to the picker as metadata, never upstream.
-	var subset []string
-	if vs, ok := r.Header[http.CanonicalHeaderKey(SubsetHeader)]; ok && kind == peerListener {
-		subset = extproc.SplitEndpoints(strings.Join(vs, ","))
-		if subset == nil {
-			subset = []string{}
-		}
-	}
-	r.Header.Del(SubsetHeader)
+	table := g.cfg.Load().listeners[port]
+	// What deploy/envoy/envoy.yaml's header_mutation filter removes: a
+	// client does not name endpoints.
+	r.Header.Del(extproc.DestinationHeader)
+	r.Header.Del(extproc.SubsetKey)
 	prepareRequestHeaders(r)
 
 	var e *routeEntry
@@ -102,7 +87,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, kind listenerKin
 		return
 	}
 	if b.pool != nil {
-		g.servePool(ctx, rw, r, e, b, body, subset, rec)
+		g.servePool(ctx, rw, r, e, b, body, rec)
 		return
 	}
 	g.serveService(ctx, rw, r, e, b, body, rec)
@@ -163,9 +148,9 @@ func (g *Gateway) readBody(w *responseWriter, r *http.Request, rec *record) ([]b
 }
 
 // servePool serves a request whose backend is an InferencePool.
-func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Request, e *routeEntry, b *backend, body []byte, subset []string, rec *record) {
+func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Request, e *routeEntry, b *backend, body []byte, rec *record) {
 	pool := b.pool
-	ex, release, err := g.pick(ctx, r, pool, body, subset, rec)
+	ex, release, err := g.pick(ctx, r, pool, body, rec)
 	if release != nil {
 		defer release()
 	}
@@ -182,7 +167,7 @@ func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Requ
 			g.reply(w, rec, http.StatusServiceUnavailable, "endpoint picker unavailable: "+err.Error())
 			return
 		}
-		g.serveFailOpen(ctx, w, r, e, b, body, subset, rec)
+		g.serveFailOpen(ctx, w, r, e, b, body, rec)
 		return
 	}
 	p := ex.Pick()
@@ -192,35 +177,15 @@ func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Requ
 		return
 	}
 
-	// A request from a peer gateway crossed a cluster boundary already and
-	// may not cross another: only local endpoints are eligible for it.
-	var targets []string
-	kinds := map[string]destination{}
-	for _, ep := range p.Endpoints {
-		k := classify(ep, pool, p.Subset != nil, g.peers)
-		if rec.listener == peerListener && k != localEndpoint {
-			continue
-		}
-		kinds[ep] = k
-		targets = append(targets, ep)
-	}
-	if len(targets) == 0 {
-		g.reply(w, rec, http.StatusBadGateway, fmt.Sprintf("a request from a peer gateway must be served in this cluster, but the picker chose %s", p.Destination))
-		return
-	}
+	// Every destination, a local pod, another cluster's pod or another
+	// cluster's gateway (Parent mode), gets the request as the picker's
+	// mutations left it, with the route's filters applied, as Envoy sends
+	// it to its ORIGINAL_DST cluster. A Parent-mode pick's marks are among
+	// those mutations.
+	targets := p.Endpoints
 	path, host := rewrite(b, p.Path, r.Host)
-	build := func(i int) *outbound {
-		if kinds[targets[i]] == remoteGateway {
-			// Parent mode: the remote gateway routes the client's request
-			// itself, and its picker chooses among the named pods.
-			h := r.Header.Clone()
-			if p.Subset != nil {
-				h.Set(SubsetHeader, strings.Join(p.Subset, ","))
-			}
-			return &outbound{method: r.Method, uri: r.URL.RequestURI(), host: r.Host, header: h, body: body}
-		}
+	build := func(int) *outbound {
 		h := p.Header.Clone()
-		h.Del(SubsetHeader)
 		modifyHeaders(h, b.filters.requestHeaders)
 		return &outbound{method: p.Method, uri: path, host: host, header: h, body: p.Body, h2c: pool.h2c}
 	}
@@ -229,13 +194,13 @@ func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Requ
 		return
 	}
 	defer resp.Body.Close()
-	g.metrics.destinations.WithLabelValues(pool.key.String(), string(kinds[rec.upstream])).Inc()
+	g.metrics.destinations.WithLabelValues(pool.key.String(), string(classify(rec.upstream, pool))).Inc()
 	g.respond(w, r, resp, ex, b, rec)
 }
 
 // pick runs the request phase with the pool's endpoint picker. The caller
 // closes the exchange, then releases the client.
-func (g *Gateway) pick(ctx context.Context, r *http.Request, pool *poolTarget, body []byte, subset []string, rec *record) (*extproc.Exchange, func(), error) {
+func (g *Gateway) pick(ctx context.Context, r *http.Request, pool *poolTarget, body []byte, rec *record) (*extproc.Exchange, func(), error) {
 	if pool.eppProblem != "" {
 		return nil, nil, errors.New(pool.eppProblem)
 	}
@@ -248,7 +213,7 @@ func (g *Gateway) pick(ctx context.Context, r *http.Request, pool *poolTarget, b
 		return nil, nil, err
 	}
 	h := r.Header.Clone()
-	req := &extproc.Request{Method: r.Method, Path: r.URL.RequestURI(), Authority: r.Host, Header: h, Subset: subset}
+	req := &extproc.Request{Method: r.Method, Path: r.URL.RequestURI(), Authority: r.Host, Header: h}
 	if r.ContentLength != 0 {
 		req.Body = bytes.NewReader(body)
 		h.Set("Content-Length", strconv.Itoa(len(body)))
@@ -274,48 +239,25 @@ func (g *Gateway) pick(ctx context.Context, r *http.Request, pool *poolTarget, b
 type destination string
 
 const (
-	localEndpoint  destination = "local"
-	remoteEndpoint destination = "remote_endpoint"
-	remoteGateway  destination = "remote_gateway"
+	localEndpoint destination = "local"
+	remote        destination = "remote"
 )
 
-// classify tells a local pod from another cluster's gateway (parent mode)
-// and from another cluster's pod reached directly (endpoint mode). An
-// endpoint of a Ready pod of the pool is local; a known peer gateway, or any
-// other address for which the picker named the pods to use, is a gateway;
-// anything else is a remote pod.
-func classify(ep string, pool *poolTarget, namedSubset bool, peers map[string]bool) destination {
-	switch {
-	case pool.local[ep]:
+// classify tells a local pod, an endpoint of a Ready pod of the pool, from
+// anything else: another cluster's pod (Endpoint mode) or gateway (Parent
+// mode), which the gateway does not tell apart, as Envoy does not.
+func classify(ep string, pool *poolTarget) destination {
+	if pool.local[ep] {
 		return localEndpoint
-	case peers[ep] || namedSubset:
-		return remoteGateway
 	}
-	return remoteEndpoint
+	return remote
 }
 
 // serveFailOpen sends the request, untouched by any picker, to random Ready
-// pods of the pool, honouring a peer's subset hint by IP as GIE's picker
-// does.
-func (g *Gateway) serveFailOpen(ctx context.Context, w *responseWriter, r *http.Request, e *routeEntry, b *backend, body []byte, subset []string, rec *record) {
+// pods of the pool.
+func (g *Gateway) serveFailOpen(ctx context.Context, w *responseWriter, r *http.Request, e *routeEntry, b *backend, body []byte, rec *record) {
 	pool := b.pool
 	candidates := pool.endpoints
-	if subset != nil {
-		ips := map[string]bool{}
-		for _, s := range subset {
-			if host, _, err := net.SplitHostPort(s); err == nil {
-				ips[host] = true
-			} else {
-				ips[s] = true
-			}
-		}
-		candidates = nil
-		for _, ep := range pool.endpoints {
-			if host, _, _ := net.SplitHostPort(ep); ips[host] {
-				candidates = append(candidates, ep)
-			}
-		}
-	}
 	if len(candidates) == 0 {
 		g.reply(w, rec, http.StatusServiceUnavailable, "endpoint picker unavailable and no ready endpoint to fail open to in pool "+pool.key.String())
 		return

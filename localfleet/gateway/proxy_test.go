@@ -6,24 +6,20 @@ import (
 	"testing"
 )
 
-func TestDestinationsAreLocalPodsRemoteGatewaysOrRemotePods(t *testing.T) {
+func TestDestinationsAreLocalPodsOrRemote(t *testing.T) {
 	pool := &poolTarget{local: map[string]bool{"127.11.0.1:8000": true}}
-	peers := map[string]bool{"127.12.254.1:15080": true}
 	tests := []struct {
-		name   string
-		ep     string
-		subset bool
-		want   destination
+		name string
+		ep   string
+		want destination
 	}{
-		{"an endpoint of a Ready pod of the pool", "127.11.0.1:8000", false, localEndpoint},
-		{"a local pod even when the picker named a subset", "127.11.0.1:8000", true, localEndpoint},
-		{"a pod IP on a port the pool does not target", "127.11.0.1:9000", false, remoteEndpoint},
-		{"a known peer gateway", "127.12.254.1:15080", false, remoteGateway},
-		{"any address the picker named pods for", "127.13.254.1:15080", true, remoteGateway},
-		{"another cluster's pod, reached directly", "127.12.0.7:8000", false, remoteEndpoint},
+		{"an endpoint of a Ready pod of the pool", "127.11.0.1:8000", localEndpoint},
+		{"a pod IP on a port the pool does not target", "127.11.0.1:9000", remote},
+		{"another cluster's gateway", "127.12.254.1:8080", remote},
+		{"another cluster's pod, reached directly", "127.12.0.7:8000", remote},
 	}
 	for _, tt := range tests {
-		if got := classify(tt.ep, pool, tt.subset, peers); got != tt.want {
+		if got := classify(tt.ep, pool); got != tt.want {
 			t.Errorf("%s: %s is %s, want %s", tt.name, tt.ep, got, tt.want)
 		}
 	}

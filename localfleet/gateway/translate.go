@@ -35,7 +35,6 @@ type world struct {
 // atomically after every change.
 type config struct {
 	listeners map[int32]*routeTable
-	peer      *routeTable
 	// epps lists every endpoint-picker address in use, so that clients of
 	// pickers that went away can be closed.
 	epps map[string]bool
@@ -108,16 +107,13 @@ type translator struct {
 	w        *world
 	pools    map[types.NamespacedName]*poolTarget
 	services map[string]*serviceTarget
-	// peer gets every entry attached to any listener: the peer listener
-	// serves all the Gateway's routes.
-	peer *routeTable
 }
 
 // translate computes the config and status for the gateway's Gateway.
 func translate(ctrl gatewayv1.GatewayController, w *world) *translation {
-	t := &translator{ctrl: ctrl, w: w, pools: map[types.NamespacedName]*poolTarget{}, services: map[string]*serviceTarget{}, peer: &routeTable{}}
+	t := &translator{ctrl: ctrl, w: w, pools: map[types.NamespacedName]*poolTarget{}, services: map[string]*serviceTarget{}}
 	tr := &translation{
-		cfg:    &config{listeners: map[int32]*routeTable{}, peer: t.peer, epps: map[string]bool{}},
+		cfg:    &config{listeners: map[int32]*routeTable{}, epps: map[string]bool{}},
 		routes: map[types.NamespacedName][]gatewayv1.RouteParentStatus{},
 		pools:  map[types.NamespacedName]*inferencev1.ParentStatus{},
 	}
@@ -172,7 +168,6 @@ func translate(ctrl gatewayv1.GatewayController, w *world) *translation {
 	for _, rt := range tr.cfg.listeners {
 		rt.seal()
 	}
-	t.peer.seal()
 	for key, accepted := range poolAccepted {
 		pool := w.pools[key]
 		if pool == nil {
@@ -732,7 +727,6 @@ func (t *translator) attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReferenc
 		a.l.attached++
 		for _, e := range c.entries {
 			a.l.table.add(e, a.hosts)
-			t.peer.add(e, a.hosts)
 		}
 	}
 	st.Conditions = []metav1.Condition{

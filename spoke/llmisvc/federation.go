@@ -106,7 +106,7 @@ func (r *Reconciler) reportFederation(ctx context.Context, svc *v1alpha2.LLMInfe
 			return err
 		}
 		if err == nil {
-			fs.GatewayAddress = gatewayPeerAddress(gw)
+			fs.GatewayAddress = gatewayAddress(gw)
 		}
 	}
 	svc.Status.Federation = fs
@@ -151,24 +151,14 @@ func podReady(p *corev1.Pod) bool {
 	return i >= 0 && p.Status.Conditions[i].Status == corev1.ConditionTrue
 }
 
-// gatewayPeerAddress is where other clusters' gateways forward requests to
-// this one: the Gateway's first status address with the port of its
-// GatewayPeerPortAnnotation, else of its first listener; "" while the
-// Gateway has no address.
-func gatewayPeerAddress(gw *gwapiv1.Gateway) string {
-	if len(gw.Status.Addresses) == 0 || gw.Status.Addresses[0].Value == "" {
+// gatewayAddress is where other clusters' pickers send requests in Parent
+// mode, as any client would: the Gateway's first status address with its
+// first listener's port; "" while the Gateway has no address.
+func gatewayAddress(gw *gwapiv1.Gateway) string {
+	if len(gw.Status.Addresses) == 0 || gw.Status.Addresses[0].Value == "" || len(gw.Spec.Listeners) == 0 {
 		return ""
 	}
-	port := 0
-	if v, ok := gw.Annotations[fleetv1alpha1.GatewayPeerPortAnnotation]; ok {
-		port, _ = strconv.Atoi(v)
-	} else if len(gw.Spec.Listeners) > 0 {
-		port = int(gw.Spec.Listeners[0].Port)
-	}
-	if port <= 0 || port > 65535 {
-		return ""
-	}
-	return net.JoinHostPort(gw.Status.Addresses[0].Value, strconv.Itoa(port))
+	return net.JoinHostPort(gw.Status.Addresses[0].Value, strconv.Itoa(int(gw.Spec.Listeners[0].Port)))
 }
 
 // watchPickers gives the controller a cache of endpoint-picker pods, which

@@ -109,9 +109,9 @@ func TestPickerAddressIsTheFirstReadyPodByName(t *testing.T) {
 	}
 }
 
-func TestGatewayPeerAddress(t *testing.T) {
-	gw := func(annotations map[string]string, addrs []string, ports ...gwapiv1.PortNumber) *gwapiv1.Gateway {
-		g := &gwapiv1.Gateway{ObjectMeta: metav1.ObjectMeta{Annotations: annotations}}
+func TestGatewayAddress(t *testing.T) {
+	gw := func(addrs []string, ports ...gwapiv1.PortNumber) *gwapiv1.Gateway {
+		g := &gwapiv1.Gateway{}
 		for _, p := range ports {
 			g.Spec.Listeners = append(g.Spec.Listeners, gwapiv1.Listener{Port: p})
 		}
@@ -120,27 +120,21 @@ func TestGatewayPeerAddress(t *testing.T) {
 		}
 		return g
 	}
-	peerPort := func(v string) map[string]string {
-		return map[string]string{fleetv1alpha1.GatewayPeerPortAnnotation: v}
-	}
 	cases := []struct {
 		name string
 		gw   *gwapiv1.Gateway
 		want string
 	}{
-		{"no address yet", gw(nil, nil, 8080), ""},
-		{"empty address", gw(nil, []string{""}, 8080), ""},
-		{"first listener's port", gw(nil, []string{"10.0.0.1", "10.0.0.2"}, 8080, 443), "10.0.0.1:8080"},
-		{"peer port annotation", gw(peerPort("15001"), []string{"10.0.0.1"}, 8080), "10.0.0.1:15001"},
-		{"invalid peer port", gw(peerPort("http"), []string{"10.0.0.1"}, 8080), ""},
-		{"peer port out of range", gw(peerPort("70000"), []string{"10.0.0.1"}, 8080), ""},
-		{"no listener", gw(nil, []string{"10.0.0.1"}), ""},
-		{"hostname", gw(nil, []string{"gw.east.example"}, 80), "gw.east.example:80"},
+		{"no address yet", gw(nil, 8080), ""},
+		{"empty address", gw([]string{""}, 8080), ""},
+		{"first address, first listener's port", gw([]string{"10.0.0.1", "10.0.0.2"}, 8080, 443), "10.0.0.1:8080"},
+		{"no listener", gw([]string{"10.0.0.1"}), ""},
+		{"hostname", gw([]string{"gw.east.example"}, 80), "gw.east.example:80"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := gatewayPeerAddress(tc.gw); got != tc.want {
-				t.Errorf("gatewayPeerAddress = %q, want %q", got, tc.want)
+			if got := gatewayAddress(tc.gw); got != tc.want {
+				t.Errorf("gatewayAddress = %q, want %q", got, tc.want)
 			}
 		})
 	}

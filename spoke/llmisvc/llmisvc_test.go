@@ -774,16 +774,8 @@ spec:
 	}
 	federation(&v1alpha2.FederationStatus{})
 
-	gw := programmedGateway(t, "fed-gateway")
+	programmedGateway(t, "fed-gateway")
 	federation(&v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:8080"})
-	testutil.Eventually(t, waitTimeout, "peer port", func(ctx context.Context) error {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(gw), gw); err != nil {
-			return err
-		}
-		metav1.SetMetaDataAnnotation(&gw.ObjectMeta, fleetv1alpha1.GatewayPeerPortAnnotation, "15001")
-		return c.Update(ctx, gw)
-	})
-	federation(&v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:15001"})
 
 	// The picker's pod, as the Deployment controller and kubelet would make
 	// it; its federation port is the one the controller added.
@@ -807,12 +799,12 @@ spec:
 		})
 	}
 	setPod("127.0.1.5", corev1.ConditionFalse)
-	federation(&v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:15001"})
+	federation(&v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:8080"})
 	setPod("127.0.1.5", corev1.ConditionTrue)
-	federation(&v1alpha2.FederationStatus{PickerAddress: "127.0.1.5:9004", GatewayAddress: "127.0.0.9:15001"})
+	federation(&v1alpha2.FederationStatus{PickerAddress: "127.0.1.5:9004", GatewayAddress: "127.0.0.9:8080"})
 
 	// Settled: nothing more is written.
-	settled := federation(&v1alpha2.FederationStatus{PickerAddress: "127.0.1.5:9004", GatewayAddress: "127.0.0.9:15001"})
+	settled := federation(&v1alpha2.FederationStatus{PickerAddress: "127.0.1.5:9004", GatewayAddress: "127.0.0.9:8080"})
 	time.Sleep(2 * time.Second)
 	if err := c.Get(ctx, key(ns, "fed"), svc); err != nil {
 		t.Fatal(err)

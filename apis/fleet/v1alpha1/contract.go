@@ -42,11 +42,6 @@ const (
 	// picker, and FederationPortName the name of that container port.
 	FederationPort     = 9004
 	FederationPortName = "federation"
-
-	// GatewayPeerPortAnnotation on a spoke's inference Gateway is the port
-	// on the Gateway's address where other clusters' gateways forward
-	// requests in Parent mode; without it the first listener's port is used.
-	GatewayPeerPortAnnotation = "fleet.fleetinfer.io/peer-port"
 )
 
 // Flags of the endpoint picker (cmd/epp) that the spoke controller sets

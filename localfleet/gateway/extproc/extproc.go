@@ -154,10 +154,6 @@ type Pick struct {
 	// the envoy.lb metadata value; Endpoints is it split, primary first.
 	Destination string
 	Endpoints   []string
-	// Subset lists the pods the processor named with a parent-mode
-	// destination, from an x-gateway-destination-endpoint-subset header
-	// mutation or envoy.lb.subset_hint metadata; nil when it named none.
-	Subset []string
 	// Method, Path and Header are the request after the header mutation
 	// (pseudo-headers excluded from Header).
 	Method string
@@ -522,14 +518,6 @@ func (e *Exchange) readDestination(h headers) error {
 		return err
 	}
 	e.pick.Destination, e.pick.Endpoints = hv, eps
-	if v, ok := h.get(SubsetKey); ok {
-		e.pick.Subset = SplitEndpoints(v)
-	} else if v, ok := metadataString(e.pick.DynamicMetadata, SubsetNamespace, SubsetKey); ok {
-		e.pick.Subset = SplitEndpoints(v)
-	}
-	if e.pick.Subset != nil {
-		return validEndpoints(e.pick.Subset)
-	}
 	return nil
 }
 

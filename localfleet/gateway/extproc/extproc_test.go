@@ -107,14 +107,12 @@ func TestDestinationMustAgreeInHeaderAndMetadata(t *testing.T) {
 		metadata  *structpb.Struct
 		extra     headers
 		endpoints []string
-		subset    []string
 		violation string
 	}{
 		{name: "primary and fallback", header: "127.0.0.1:8000,127.0.0.2:8000", metadata: lb("127.0.0.1:8000,127.0.0.2:8000"),
 			endpoints: []string{"127.0.0.1:8000", "127.0.0.2:8000"}},
-		{name: "parent mode names the pods in a header", header: "127.12.254.1:15080", metadata: lb("127.12.254.1:15080"),
-			extra:     headers{{SubsetKey, "127.12.0.5:8000"}},
-			endpoints: []string{"127.12.254.1:15080"}, subset: []string{"127.12.0.5:8000"}},
+		{name: "other headers set with it", header: "127.12.254.1:8080", metadata: lb("127.12.254.1:8080"),
+			extra: headers{{"x-fleetinfer-origin", "east"}}, endpoints: []string{"127.12.254.1:8080"}},
 		{name: "header missing", metadata: lb("127.0.0.1:8000"), violation: "no x-gateway-destination-endpoint header"},
 		{name: "metadata missing", header: "127.0.0.1:8000", violation: "no envoy.lb/x-gateway-destination-endpoint dynamic metadata"},
 		{name: "values differ", header: "127.0.0.1:8000", metadata: lb("127.0.0.2:8000"), violation: "differs"},
@@ -134,8 +132,8 @@ func TestDestinationMustAgreeInHeaderAndMetadata(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || !reflect.DeepEqual(e.pick.Endpoints, tt.endpoints) || !reflect.DeepEqual(e.pick.Subset, tt.subset) {
-				t.Errorf("endpoints %v subset %v (err %v), want %v %v", e.pick.Endpoints, e.pick.Subset, err, tt.endpoints, tt.subset)
+			if err != nil || !reflect.DeepEqual(e.pick.Endpoints, tt.endpoints) {
+				t.Errorf("endpoints %v (err %v), want %v", e.pick.Endpoints, err, tt.endpoints)
 			}
 		})
 	}
