@@ -112,7 +112,7 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	if err := (&placement.StatusReconciler{Hub: local.GetClient()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&export.Reconciler{Inv: inv}).SetupWithManager(ctx, mgr); err != nil {
+	if err := (&export.Reconciler{Clusters: inv}).SetupWithManager(ctx, mgr, inv); err != nil {
 		return err
 	}
 	fed := &federation.Reconciler{Hub: local.GetClient(), Inv: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub"),

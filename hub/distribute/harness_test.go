@@ -25,7 +25,7 @@ import (
 
 const ns = "llm"
 
-// fixedClusters is a clusterSource of clusters that never change.
+// fixedClusters is an inventory.Source of clusters that never change.
 type fixedClusters []inventory.Cluster
 
 func (f fixedClusters) Clusters(context.Context) []inventory.Cluster { return f }

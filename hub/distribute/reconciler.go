@@ -60,17 +60,10 @@ type Options struct {
 	Workers int
 }
 
-// clusterSource lists the fleet's clusters, each with its clients and
-// availability; the inventory is the one in production, tests give fixed
-// clusters with fake clients.
-type clusterSource interface {
-	Clusters(ctx context.Context) []inventory.Cluster
-}
-
 // Reconciler reconciles hub LLMInferenceServices.
 type Reconciler struct {
 	hub      client.Client
-	clusters clusterSource
+	clusters inventory.Source
 	// inv feeds the watches with cluster changes (SetupWithManager); a
 	// reconcile reads clusters only through clusters.
 	inv       *inventory.Inventory

@@ -50,23 +50,8 @@ func init() { ctrlmetrics.Registry.MustRegister(importedPools) }
 // Reconciler reconciles one exported pool (by namespace/name) across the
 // fleet.
 type Reconciler struct {
-	Inv *inventory.Inventory
-	// clusters, when set, is what a reconcile reads instead of Inv (tests
-	// give fixed clusters with fake clients); the watches always use Inv.
-	clusters clusterSource
-}
-
-// clusterSource lists the fleet's clusters, sorted by name.
-type clusterSource interface {
-	Clusters(ctx context.Context) []inventory.Cluster
-}
-
-// fleet is the clusters a reconcile works on.
-func (r *Reconciler) fleet(ctx context.Context) []inventory.Cluster {
-	if r.clusters != nil {
-		return r.clusters.Clusters(ctx)
-	}
-	return r.Inv.Clusters(ctx)
+	// Clusters are the fleet's clusters.
+	Clusters inventory.Source
 }
 
 // +kubebuilder:rbac:groups=inference.networking.k8s.io,resources=inferencepools,verbs=get;list;watch
@@ -79,7 +64,7 @@ func (r *Reconciler) fleet(ctx context.Context) []inventory.Cluster {
 // cannot be read keeps its place in the imports: not knowing whether a
 // cluster exports is no reason to withdraw its pool from the fleet.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
-	clusters := r.fleet(ctx)
+	clusters := r.Clusters.Clusters(ctx)
 	var exporting []string
 	unread := map[string]bool{}
 	var errs []error
@@ -235,12 +220,12 @@ func withdraw(ctx context.Context, c client.Client, key client.ObjectKey) error 
 // SetupWithManager registers the reconciler: pools and imports in every
 // cluster map to their namespace/name; cluster changes re-run every pool a
 // cluster knows.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-inferencepool-export").
 		Watches(&igwapiv1.InferencePool{}, watch.SameKey, watch.OnSpokes...).
 		Watches(&igwapixv1alpha1.InferencePoolImport{}, watch.SameKey, watch.OnSpokes...).
-		WatchesRawSource(watch.ClusterChanges(ctx, r.Inv, time.Second, r.knownPools)).
+		WatchesRawSource(watch.ClusterChanges(ctx, inv, time.Second, r.knownPools)).
 		Complete(r)
 }
 
@@ -250,7 +235,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 func (r *Reconciler) knownPools(ctx context.Context) []client.ObjectKey {
 	seen := map[client.ObjectKey]bool{}
 	var out []client.ObjectKey
-	for _, c := range r.fleet(ctx) {
+	for _, c := range r.Clusters.Clusters(ctx) {
 		keys := watch.Keys(ctx, c.Client, &igwapiv1.InferencePoolList{}, "")
 		var imports igwapixv1alpha1.InferencePoolImportList
 		if err := c.Client.List(ctx, &imports, client.MatchingLabels(fleetv1alpha1.ManagedByHubLabels())); err == nil {

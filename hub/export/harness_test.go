@@ -111,7 +111,7 @@ func newFleet(t *testing.T, spokes ...*spoke) *fleet {
 		}
 		inv = append(inv, c)
 	}
-	f.r = &Reconciler{clusters: inv}
+	f.r = &Reconciler{Clusters: inv}
 	return f
 }
 

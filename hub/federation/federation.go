@@ -69,17 +69,11 @@ type Options struct {
 	Workers int
 }
 
-// Inventory is what the reconciler needs of the hub's cluster inventory
-// (*inventory.Inventory): the engaged clusters, sorted by name.
-type Inventory interface {
-	Clusters(ctx context.Context) []inventory.Cluster
-}
-
 // Reconciler publishes the peer directories and certificates of one hub
 // LLMInferenceService.
 type Reconciler struct {
 	Hub      client.Client
-	Inv      Inventory
+	Inv      inventory.Source
 	CA       *ca.Authority
 	Recorder record.EventRecorder
 	Opts     Options

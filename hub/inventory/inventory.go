@@ -71,6 +71,15 @@ type Options struct {
 	Log                   logr.Logger
 }
 
+// Source lists the fleet's clusters, sorted by name, each with its clients
+// and availability. The hub's controllers read clusters through it: the
+// Inventory in a running hub, fixed clusters with fake clients in tests.
+type Source interface {
+	Clusters(ctx context.Context) []Cluster
+}
+
+var _ Source = (*Inventory)(nil)
+
 // Inventory tracks the engaged clusters. It is a multicluster-runtime
 // Runnable: the manager engages it with every cluster the provider finds.
 type Inventory struct {

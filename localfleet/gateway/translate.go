@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/kubectl/pkg/util/podutils"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
@@ -597,21 +598,12 @@ func (t *translator) readyPods(ns string, selector map[string]string) []*corev1.
 	sel := labels.SelectorFromSet(selector)
 	var out []*corev1.Pod
 	for _, p := range t.w.pods[ns] {
-		if p.DeletionTimestamp == nil && p.Status.PodIP != "" && podReady(p) && sel.Matches(labels.Set(p.Labels)) {
+		if p.DeletionTimestamp == nil && p.Status.PodIP != "" && podutils.IsPodReady(p) && sel.Matches(labels.Set(p.Labels)) {
 			out = append(out, p)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // pool resolves an InferencePool: its endpoints and its endpoint picker.

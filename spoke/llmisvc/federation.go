@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/kubectl/pkg/util/podutils"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -131,7 +132,7 @@ func pickerAddress(pods []corev1.Pod) string {
 	pods = slices.Clone(pods)
 	slices.SortFunc(pods, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 	for _, p := range pods {
-		if p.Status.PodIP == "" || !p.DeletionTimestamp.IsZero() || !podReady(&p) {
+		if p.Status.PodIP == "" || !p.DeletionTimestamp.IsZero() || !podutils.IsPodReady(&p) {
 			continue
 		}
 		port := int32(fleetv1alpha1.FederationPort)
@@ -144,11 +145,6 @@ func pickerAddress(pods []corev1.Pod) string {
 		return net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port)))
 	}
 	return ""
-}
-
-func podReady(p *corev1.Pod) bool {
-	i := slices.IndexFunc(p.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady })
-	return i >= 0 && p.Status.Conditions[i].Status == corev1.ConditionTrue
 }
 
 // gatewayAddress is where other clusters' pickers send requests in Parent
@@ -188,7 +184,7 @@ func (r *Reconciler) watchPickers(mgr ctrl.Manager) (source.Source, error) {
 	})
 	addressChanged := predicate.TypedFuncs[*corev1.Pod]{UpdateFunc: func(e event.TypedUpdateEvent[*corev1.Pod]) bool {
 		o, n := e.ObjectOld, e.ObjectNew
-		return o.Status.PodIP != n.Status.PodIP || podReady(o) != podReady(n) || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+		return o.Status.PodIP != n.Status.PodIP || podutils.IsPodReady(o) != podutils.IsPodReady(n) || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
 	}}
 	return source.Kind(c, &corev1.Pod{}, toService, addressChanged), nil
 }
