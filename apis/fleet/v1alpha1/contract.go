@@ -42,6 +42,15 @@ const (
 	// picker, and FederationPortName the name of that container port.
 	FederationPort     = 9004
 	FederationPortName = "federation"
+
+	// PodNetworkLabel on a cluster's registration (OCM ManagedCluster or
+	// ClusterProfile) names the pod network the cluster belongs to. Clusters
+	// with the same value reach each other's pod addresses (a flat network:
+	// Cilium Cluster Mesh, Submariner, GKE multi-cluster); only between them
+	// does the hub let pickers use Endpoint mode. Without it a cluster's pods
+	// are reachable from no other cluster, and peers reach it in Parent mode
+	// through its gateway.
+	PodNetworkLabel = "fleet.fleetinfer.io/pod-network"
 )
 
 // Flags of the endpoint picker (cmd/epp) that the spoke controller sets
@@ -54,7 +63,18 @@ const (
 	FlagFederationCertFile  = "federation-cert-file"
 	FlagFederationKeyFile   = "federation-key-file"
 	FlagFederationCAFile    = "federation-ca-file"
+	// FlagFederationSourceAddress is the local address the picker's
+	// federation connections leave from (Envoy's upstream bind config): for
+	// a picker on a host with several addresses. Empty lets the system
+	// choose.
+	FlagFederationSourceAddress = "federation-source-address"
 )
+
+// FederationServiceName is the Service, next to a service's copy, of type
+// LoadBalancer that exposes the endpoint picker's federation port to other
+// clusters; the spoke reports its load-balancer address as the picker's
+// federation address.
+func FederationServiceName(service string) string { return service + "-epp-federation" }
 
 // IsManagedByHub reports whether the hub created obj: the only objects in a
 // spoke it may change or delete.
