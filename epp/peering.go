@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -47,6 +48,7 @@ type FederationOptions struct {
 	MaxBackoff       time.Duration
 	LaggingAfter     time.Duration
 	SubscriberBuffer int
+	SourceAddress    string
 }
 
 // NewFederationOptions returns the defaults.
@@ -68,6 +70,7 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CertFile, fleetv1alpha1.FlagFederationCertFile, o.CertFile, "PEM certificate of this EPP's federation identity (reloaded on change).")
 	fs.StringVar(&o.KeyFile, fleetv1alpha1.FlagFederationKeyFile, o.KeyFile, "PEM private key of the federation certificate (reloaded on change).")
 	fs.StringVar(&o.CAFile, fleetv1alpha1.FlagFederationCAFile, o.CAFile, "PEM CA bundle that signs peers' certificates (reloaded on change).")
+	fs.StringVar(&o.SourceAddress, fleetv1alpha1.FlagFederationSourceAddress, o.SourceAddress, "Local IP address federation connections to peers leave from (for a picker on a host with several addresses); empty lets the system choose.")
 	fs.StringVar(&o.Mode, fleetv1alpha1.FlagFederationMode, o.Mode, "How requests reach peers' pods when their entry does not say: Endpoint (pod ip:port) or Parent (peer gateway, with signed marks).")
 	fs.DurationVar(&o.Staleness, "federation-staleness", o.Staleness, "Remote endpoints whose data is older are not candidates; a silent peer is disconnected after this long.")
 	fs.DurationVar(&o.PublishInterval, "federation-publish-interval", o.PublishInterval, "How often local changes are sent to subscribers.")
@@ -90,6 +93,11 @@ func (o *FederationOptions) Validate() error {
 	}
 	if _, err := fleetv1alpha1.ParsePeerMode(o.Mode); err != nil {
 		errs = append(errs, err)
+	}
+	if o.SourceAddress != "" {
+		if _, err := netip.ParseAddr(o.SourceAddress); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %q is not an IP address", fleetv1alpha1.FlagFederationSourceAddress, o.SourceAddress))
+		}
 	}
 	if o.Port <= 0 || o.Port > 65535 {
 		errs = append(errs, fmt.Errorf("--federation-port %d out of range", o.Port))
@@ -148,7 +156,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		}),
 		subscriber: federation.NewSubscriber(federation.SubscriberOptions{
 			Cluster: o.Cluster, Pool: pool, DefaultMode: mode, Store: store, Credentials: creds, Limits: limits,
-			MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, Log: log,
+			MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, SourceAddress: o.SourceAddress, Log: log,
 		}),
 	}, nil
 }

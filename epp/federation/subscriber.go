@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
@@ -35,7 +36,10 @@ type SubscriberOptions struct {
 	// MinBackoff and MaxBackoff bound the wait between reconnects (with
 	// jitter, doubling from the minimum).
 	MinBackoff, MaxBackoff time.Duration
-	Log                    logr.Logger
+	// SourceAddress is the local IP subscriptions dial from; empty lets
+	// the system choose.
+	SourceAddress string
+	Log           logr.Logger
 }
 
 // Subscriber keeps one subscription per peer of the pool, following the peer
@@ -166,6 +170,15 @@ func (s *Subscriber) follow(ctx context.Context, p fleetv1alpha1.Peer) {
 	}
 }
 
+// dial connects to a peer from the configured source address.
+func (s *Subscriber) dial(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if s.opts.SourceAddress != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(s.opts.SourceAddress)}
+	}
+	return d.DialContext(ctx, "tcp", addr)
+}
+
 // stream runs one subscription and returns why it ended.
 func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *Origin) (string, error) {
 	staleAfter := s.opts.Store.StaleAfter()
@@ -178,6 +191,7 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 		grpc.WithTransportCredentials(credentials.NewTLS(s.opts.Credentials.ClientConfig(p.Identity))),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: staleAfter, PermitWithoutStream: true}),
 		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window),
+		grpc.WithContextDialer(s.dial),
 	)
 	if err != nil {
 		return "connect", err
