@@ -99,7 +99,7 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 		opts.Workers = 8
 	}
 	local := mgr.GetLocalManager()
-	inv := inventory.New(inventory.Options{Hub: local.GetClient(), Namespace: opts.Namespace,
+	inv := inventory.New(inventory.Options{Hub: local.GetClient(), HubReader: local.GetAPIReader(), Namespace: opts.Namespace,
 		ProbeInterval: opts.ProbeInterval, ProbeFailureThreshold: opts.ProbeFailureThreshold,
 		ProbeSuccessThreshold: opts.ProbeSuccessThreshold, Log: local.GetLogger().WithName("inventory")})
 	if err := mgr.Add(inv); err != nil {

@@ -88,7 +88,7 @@ func TestRBACBindsTheHubsServiceAccount(t *testing.T) {
 			continue
 		}
 		sa, _, _ := unstructured.NestedString(o.Object, "spec", "template", "spec", "serviceAccountName")
-		if len(bound) != 2 || slices.ContainsFunc(bound, func(b string) bool { return b != o.GetNamespace()+"/"+sa }) {
+		if len(bound) != 3 || slices.ContainsFunc(bound, func(b string) bool { return b != o.GetNamespace()+"/"+sa }) {
 			t.Errorf("bindings name %v, the hub runs as %s/%s", bound, o.GetNamespace(), sa)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -52,8 +53,12 @@ func (c Cluster) Available() bool { return c.UnavailableSince.IsZero() }
 
 // Options configure the inventory.
 type Options struct {
-	// Hub reads registrations (ManagedClusters, ClusterProfiles, Secrets).
+	// Hub reads registrations (ManagedClusters, ClusterProfiles, Secrets)
+	// and writes the availability record (record.go).
 	Hub client.Client
+	// HubReader reads the availability record past the cache (the hub
+	// watches no ConfigMaps); Hub when nil.
+	HubReader client.Reader
 	// Namespace holds the registration Secrets and ClusterProfiles.
 	Namespace string
 	// ProbeInterval is how often each cluster's API server is probed.
@@ -85,6 +90,8 @@ var _ Source = (*Inventory)(nil)
 type Inventory struct {
 	opts Options
 
+	record *record
+
 	mu       sync.Mutex
 	clusters map[string]*tracked
 	subs     []chan<- string
@@ -106,6 +113,15 @@ type tracked struct {
 	probeDown bool
 	since     time.Time // unavailable since; zero when available
 	reason    string
+	// recorded is when an earlier hub process found the cluster
+	// unavailable (record.go), until this process sees it answer: a hub
+	// that restarts while a cluster is lost keeps counting the toleration
+	// from the loss rather than from its own start.
+	recorded time.Time
+	// The registration's last verdict, kept while the hub cannot read it.
+	regAvailable bool
+	regReason    string
+	regSince     time.Time
 }
 
 // New builds an inventory.
@@ -122,7 +138,8 @@ func New(opts Options) *Inventory {
 	if opts.ProbeSuccessThreshold <= 0 {
 		opts.ProbeSuccessThreshold = 2
 	}
-	return &Inventory{opts: opts, clusters: map[string]*tracked{}}
+	return &Inventory{opts: opts, clusters: map[string]*tracked{},
+		record: &record{hub: opts.Hub, reader: opts.HubReader, key: client.ObjectKey{Namespace: opts.Namespace, Name: RecordName}, log: opts.Log}}
 }
 
 var (
@@ -152,7 +169,8 @@ func (i *Inventory) Engage(ctx context.Context, name multicluster.ClusterName, c
 	if err != nil {
 		return err
 	}
-	t := &tracked{name: string(name), cl: cl, http: hc, readyz: readyz}
+	t := &tracked{name: string(name), cl: cl, http: hc, readyz: readyz, regAvailable: true,
+		recorded: i.record.since(ctx, string(name))}
 	i.mu.Lock()
 	i.clusters[t.name] = t
 	i.mu.Unlock()
@@ -161,10 +179,14 @@ func (i *Inventory) Engage(ctx context.Context, name multicluster.ClusterName, c
 	go func() {
 		<-ctx.Done()
 		i.mu.Lock()
-		if i.clusters[t.name] == t {
+		removed := i.clusters[t.name] == t
+		if removed {
 			delete(i.clusters, t.name)
 		}
 		i.mu.Unlock()
+		if !removed {
+			return // a later engagement under the same name owns the series
+		}
 		availableGauge.DeleteLabelValues(t.name)
 		i.notify(t.name)
 	}()
@@ -220,8 +242,11 @@ func (i *Inventory) probeAll(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			err := i.probe(ctx, t)
-			reg, regReason := i.registrationAvailable(ctx, t.name)
-			i.update(t, err, reg, regReason)
+			i.update(t, err, i.registrationAvailable(ctx, t.name))
+			i.mu.Lock()
+			since := t.since
+			i.mu.Unlock()
+			i.record.save(ctx, t.name, since)
 		}()
 	}
 	wg.Wait()
@@ -262,10 +287,16 @@ func readyzURL(cfg *rest.Config) (string, error) {
 // failures, unavailable since the first of them, and available again after
 // ProbeSuccessThreshold consecutive good probes. The registration's verdict
 // applies at once.
-func (i *Inventory) update(t *tracked, probeErr error, regAvailable bool, regReason string) {
+func (i *Inventory) update(t *tracked, probeErr error, reg verdict) {
 	i.mu.Lock()
 	wasAvailable := t.since.IsZero()
 	now := time.Now()
+	if reg.known {
+		t.regAvailable, t.regReason, t.regSince = reg.available, reg.reason, reg.since
+	}
+	if probeErr == nil {
+		t.recorded = time.Time{} // it answered: whatever came before is over
+	}
 	if probeErr != nil {
 		if t.probeFails == 0 {
 			t.firstFail = now
@@ -290,17 +321,14 @@ func (i *Inventory) update(t *tracked, probeErr error, regAvailable bool, regRea
 	case t.probeDown:
 		reason = fmt.Sprintf("API server unreachable: %s (answering again, %d of %d good probes)",
 			t.probeErr, t.probeOKs, i.opts.ProbeSuccessThreshold)
-	case !regAvailable:
-		reason = regReason
+	case !t.regAvailable:
+		reason = t.regReason
 	}
 	if probeErr != nil {
 		probeFailures.WithLabelValues(t.name).Inc()
 	}
 	if reason != "" && t.since.IsZero() {
-		t.since = now
-		if t.probeDown {
-			t.since = t.firstFail // the toleration counts from the real loss
-		}
+		t.since = lossSince(now, t)
 	}
 	if reason == "" {
 		t.since = time.Time{}
@@ -319,27 +347,72 @@ func (i *Inventory) update(t *tracked, probeErr error, regAvailable bool, regRea
 	}
 }
 
+// verdict is what a cluster's registration says about its availability.
+type verdict struct {
+	// known is false when a registration could not be read: the last
+	// verdict stands, since a hub that cannot read its own API says nothing
+	// about the cluster.
+	known     bool
+	available bool
+	reason    string
+	// since is when the registration's condition last changed: how long
+	// the cluster has been lost, even across hub restarts.
+	since time.Time
+}
+
 // registrationAvailable reads what the cluster's registration says about
 // it: OCM's Available condition or ClusterProfile's ControlPlaneHealthy.
 // Without a registration of either kind the probe alone decides.
-func (i *Inventory) registrationAvailable(ctx context.Context, name string) (bool, string) {
+func (i *Inventory) registrationAvailable(ctx context.Context, name string) verdict {
 	mc := &clusterv1.ManagedCluster{}
-	if err := i.opts.Hub.Get(ctx, client.ObjectKey{Name: name}, mc); err == nil {
+	switch err := i.opts.Hub.Get(ctx, client.ObjectKey{Name: name}, mc); {
+	case err == nil:
 		c := meta.FindStatusCondition(mc.Status.Conditions, clusterv1.ManagedClusterConditionAvailable)
 		if c != nil && c.Status != metav1.ConditionTrue {
-			return false, fmt.Sprintf("ManagedCluster %s is %s=%s (%s)", name, c.Type, c.Status, c.Reason)
+			return verdict{known: true, since: c.LastTransitionTime.Time,
+				reason: fmt.Sprintf("ManagedCluster %s is %s=%s (%s)", name, c.Type, c.Status, c.Reason)}
 		}
+	case !absent(err):
+		return verdict{}
 	}
 	cp := &clusterinventoryv1alpha1.ClusterProfile{}
-	if err := i.opts.Hub.Get(ctx, client.ObjectKey{Namespace: i.opts.Namespace, Name: name}, cp); err == nil {
+	switch err := i.opts.Hub.Get(ctx, client.ObjectKey{Namespace: i.opts.Namespace, Name: name}, cp); {
+	case err == nil:
 		c := meta.FindStatusCondition(cp.Status.Conditions, clusterinventoryv1alpha1.ClusterConditionControlPlaneHealthy)
 		// Unknown counts as unhealthy, as OCM's Available=Unknown does: it is
 		// what a cluster manager reports when it lost touch with the cluster.
 		if c != nil && c.Status != metav1.ConditionTrue {
-			return false, fmt.Sprintf("ClusterProfile %s is ControlPlaneHealthy=%s (%s)", name, c.Status, c.Reason)
+			return verdict{known: true, since: c.LastTransitionTime.Time,
+				reason: fmt.Sprintf("ClusterProfile %s is ControlPlaneHealthy=%s (%s)", name, c.Status, c.Reason)}
+		}
+	case !absent(err):
+		return verdict{}
+	}
+	return verdict{known: true, available: true}
+}
+
+// absent reports whether a registration read failed only because there is
+// no such registration (or no such kind on this hub: OCM not installed).
+func absent(err error) bool {
+	return apierrors.IsNotFound(err) || meta.IsNoMatchError(err)
+}
+
+// lossSince is when an unavailable cluster was lost: the first of the failed
+// probes that made it unavailable (or, if an earlier hub process recorded
+// the loss and this one has not seen the cluster answer, that record), or
+// the time its registration's condition changed; now when neither says.
+func lossSince(now time.Time, t *tracked) time.Time {
+	since := now
+	if t.probeDown {
+		since = t.firstFail
+		if !t.recorded.IsZero() && t.recorded.Before(since) {
+			since = t.recorded
 		}
 	}
-	return true, ""
+	if !t.regAvailable && !t.regSince.IsZero() && t.regSince.Before(since) {
+		since = t.regSince
+	}
+	return since
 }
 
 // Clusters returns a snapshot of every engaged cluster, sorted by name, with

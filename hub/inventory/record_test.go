@@ -1,0 +1,143 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "open-cluster-management.io/api/cluster/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+)
+
+// restart builds a second inventory on the same hub, as a restarted hub
+// process would.
+func restart(t *testing.T, hub client.Client) *Inventory {
+	t.Helper()
+	return New(Options{Hub: hub, Namespace: registrations, ProbeTimeout: 500 * time.Millisecond, Log: testr.New(t)})
+}
+
+func recorded(t *testing.T, hub client.Client) map[string]string {
+	t.Helper()
+	cm := &corev1.ConfigMap{}
+	if err := hub.Get(context.Background(), client.ObjectKey{Namespace: registrations, Name: RecordName}, cm); err != nil {
+		t.Fatalf("the availability record: %v", err)
+	}
+	return cm.Data
+}
+
+// A hub that restarts while a cluster is lost keeps counting the toleration
+// from the loss: otherwise a hub restarting more often than the toleration
+// would never fail the cluster over.
+func TestALostClustersUnavailableSinceSurvivesAHubRestart(t *testing.T) {
+	inv, hub := newInventory(t)
+	srv := newAPIServer(t)
+	srv.answer(http.StatusServiceUnavailable)
+	engage(t, inv, "lost", srv.URL)
+	lost := probeUntil(t, inv, "lost", false).UnavailableSince
+	if got := recorded(t, hub)["lost"]; got != lost.UTC().Format(time.RFC3339) {
+		t.Fatalf("recorded %q, want the loss at %s", got, lost.UTC().Format(time.RFC3339))
+	}
+
+	time.Sleep(1100 * time.Millisecond) // the record has second precision
+	again := restart(t, hub)
+	engage(t, again, "lost", srv.URL)
+	since := probeUntil(t, again, "lost", false).UnavailableSince
+	if want := lost.Truncate(time.Second); !since.Equal(want) {
+		t.Fatalf("after a restart the cluster is unavailable since %s, want the first hub's %s", since, want)
+	}
+
+	srv.answer(http.StatusOK)
+	probeUntil(t, again, "lost", true)
+	if got, ok := recorded(t, hub)["lost"]; ok {
+		t.Fatalf("the record still holds %q after the cluster came back", got)
+	}
+}
+
+// A record is about the loss the earlier hub saw. Once this hub has seen the
+// cluster answer, a later failure is a new loss that starts now.
+func TestARecordIsForgottenOnceTheClusterAnswers(t *testing.T) {
+	old := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	inv, _ := newInventory(t, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: RecordName},
+		Data: map[string]string{"flaky": old}})
+	srv := newAPIServer(t)
+	engage(t, inv, "flaky", srv.URL)
+	inv.probeAll(context.Background())
+	srv.answer(http.StatusServiceUnavailable)
+	began := time.Now()
+	since := probeUntil(t, inv, "flaky", false).UnavailableSince
+	if since.Before(began) {
+		t.Fatalf("unavailable since %s, before this failure began at %s: the hour-old record was honoured after the cluster answered", since, began)
+	}
+}
+
+// OCM's verdict carries its own time: the toleration counts from when the
+// ManagedCluster's Available condition changed, not from when the hub read it.
+func TestARegistrationsLossCountsFromItsConditionsTransition(t *testing.T) {
+	mc := managedCluster("ocm", metav1.ConditionUnknown, "ManagedClusterLeaseUpdateStopped")
+	changed := metav1.NewTime(time.Now().Add(-10 * time.Minute).Truncate(time.Second))
+	mc.Status.Conditions[0].LastTransitionTime = changed
+	inv, _ := newInventory(t, mc)
+	srv := newAPIServer(t)
+	engage(t, inv, "ocm", srv.URL)
+	if since := probeUntil(t, inv, "ocm", false).UnavailableSince; !since.Equal(changed.Time) {
+		t.Fatalf("unavailable since %s, want the condition's transition at %s", since, changed.Time)
+	}
+}
+
+// A hub that cannot read a registration learns nothing about the cluster:
+// the last verdict stands, in both directions.
+func TestAFailedRegistrationReadKeepsTheLastVerdict(t *testing.T) {
+	var failing bool
+	mc := managedCluster("ocm", metav1.ConditionFalse, "Lost")
+	hub := fake.NewClientBuilder().WithScheme(newScheme(t)).WithObjects(mc).WithStatusSubresource(mc).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*clusterv1.ManagedCluster); ok && failing {
+				return errors.New("etcdserver: request timed out")
+			}
+			return c.Get(ctx, key, obj, opts...)
+		}}).Build()
+	inv := New(Options{Hub: hub, Namespace: registrations, ProbeTimeout: 500 * time.Millisecond, Log: testr.New(t)})
+	srv := newAPIServer(t)
+	engage(t, inv, "ocm", srv.URL)
+	probeUntil(t, inv, "ocm", false)
+
+	failing = true
+	probeRounds(inv, maxProbeRounds)
+	if c := snapshot(t, inv, "ocm"); c.Available() {
+		t.Fatal("a cluster its ManagedCluster calls lost became available while the hub could not read the ManagedCluster")
+	}
+
+	failing = false
+	mc.Status.Conditions[0].Status, mc.Status.Conditions[0].Reason = metav1.ConditionTrue, "Back"
+	if err := hub.Status().Update(context.Background(), mc); err != nil {
+		t.Fatal(err)
+	}
+	probeUntil(t, inv, "ocm", true)
+	failing = true
+	probeRounds(inv, maxProbeRounds)
+	if c := snapshot(t, inv, "ocm"); !c.Available() {
+		t.Fatalf("an available cluster became unavailable because the hub could not read its ManagedCluster: %s", c.Reason)
+	}
+}
+
+// The end of an earlier engagement leaves the availability series of the
+// engagement that replaced it.
+func TestAReplacedEngagementKeepsItsAvailabilityMetric(t *testing.T) {
+	inv, _ := newInventory(t)
+	srv := newAPIServer(t)
+	_, endFirst := engage(t, inv, "metric", srv.URL)
+	engage(t, inv, "metric", srv.URL)
+	endFirst()
+	time.Sleep(200 * time.Millisecond)
+	if got := testutil.ToFloat64(availableGauge.WithLabelValues("metric")); got != 1 {
+		t.Fatalf("fleetinfer_hub_cluster_available{cluster=metric} = %v after the earlier engagement ended, want 1", got)
+	}
+}
