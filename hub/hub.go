@@ -80,6 +80,11 @@ type Options struct {
 	ProbeSuccessThreshold int
 	// OrphanInterval is how often the orphan collector sweeps the spokes.
 	OrphanInterval time.Duration
+	// OrphanGrace is how long a copy stays orphaned before it is deleted.
+	OrphanGrace time.Duration
+	// HubID is this hub's identity on the spokes (fleetv1alpha1.HubIDLabel);
+	// empty derives it from the hub cluster (HubIdentity).
+	HubID string
 	// FederationCASecret is the Secret in Namespace holding the federation
 	// CA (created when missing).
 	FederationCASecret string
@@ -99,13 +104,19 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 		opts.Workers = 8
 	}
 	local := mgr.GetLocalManager()
+	id, err := HubIdentity(ctx, local.GetAPIReader(), opts.HubID)
+	if err != nil {
+		return err
+	}
+	local.GetLogger().Info("hub identity", "hubID", id)
 	inv := inventory.New(inventory.Options{Hub: local.GetClient(), HubReader: local.GetAPIReader(), Namespace: opts.Namespace,
 		ProbeInterval: opts.ProbeInterval, ProbeFailureThreshold: opts.ProbeFailureThreshold,
 		ProbeSuccessThreshold: opts.ProbeSuccessThreshold, Log: local.GetLogger().WithName("inventory")})
 	if err := mgr.Add(inv); err != nil {
 		return err
 	}
-	r := distribute.NewReconciler(mgr, inv, distribute.Options{DefaultToleration: opts.DefaultToleration, Workers: opts.Workers})
+	r := distribute.NewReconciler(mgr, inv, distribute.Options{DefaultToleration: opts.DefaultToleration, Workers: opts.Workers,
+		HubID: id, OrphanGrace: opts.OrphanGrace})
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}

@@ -24,6 +24,8 @@ func main() {
 	flag.IntVar(&opts.ProbeFailureThreshold, "probe-failure-threshold", 3, "Consecutive failed probes that make a spoke unavailable; the failover toleration counts from the first of them.")
 	flag.IntVar(&opts.ProbeSuccessThreshold, "probe-success-threshold", 2, "Consecutive good probes that make a spoke the probes found unavailable available again.")
 	flag.DurationVar(&opts.OrphanInterval, "orphan-collection-interval", 30*time.Second, "How often spokes are swept for copies no hub object accounts for.")
+	flag.DurationVar(&opts.OrphanGrace, "orphan-grace-period", 2*time.Minute, "How long a copy must stay orphaned (its hub service gone) before the orphan collector deletes it.")
+	flag.StringVar(&opts.HubID, "hub-id", "", "This hub's identity on the spokes (label fleet.fleetinfer.io/hub-id): it changes and deletes only objects carrying it. Empty derives it from the hub cluster (its kube-system namespace's UID). Give a restored hub the ID of the hub it replaces.")
 	flag.StringVar(&opts.FederationCASecret, "federation-ca-secret", "fleetinfer-federation-ca", "Secret in --cluster-namespace holding the CA (tls.crt, tls.key) that signs endpoint pickers' federation certificates; created when missing.")
 	flag.DurationVar(&opts.FederationCAOverlap, "federation-ca-rotation-overlap", ca.DefaultOverlap, "When the CA in --federation-ca-secret is replaced: how long pickers trust both CAs before their certificates are re-signed by the new one, and again before the old CA is dropped. Longer than a Secret takes to reach a picker's files.")
 	flag.StringVar(&opts.TrustDomain, "federation-trust-domain", "fleetinfer.io", "SPIFFE trust domain of endpoint-picker identities (spiffe://<domain>/cluster/<c>/ns/<ns>/llminferenceservice/<name>).")

@@ -54,7 +54,7 @@ func (r *Reconciler) observe(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 			continue
 		}
 		o.exists, o.obj = true, cp
-		o.ours = fleetv1alpha1.IsManagedByHub(cp)
+		o.ours = fleetv1alpha1.IsOwnedByHub(cp, r.opts.HubID)
 		o.replicas = ptr.Deref(cp.Spec.Replicas, 1)
 		if w := cp.Status.Workloads; w != nil && w.Primary != nil {
 			o.readyReplicas = ptr.Deref(w.Primary.ReadyReplicas, 0)
@@ -112,7 +112,9 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			if o.exists && o.replicas > want && !settled {
 				replicas = o.replicas // shrink once the others are ready
 			}
-			write = func() error { return r.ensureCopy(ctx, c, desiredCopy(svc, c.Name, replicas, d.federation), o) }
+			write = func() error {
+				return r.ensureCopy(ctx, c, desiredCopy(svc, r.opts.HubID, c.Name, replicas, d.federation), o)
+			}
 		case o.exists && o.ours && settled:
 			write = func() error { return r.deletions.deleteCopy(ctx, c, svc.Namespace, svc.Name) }
 		}
@@ -134,7 +136,7 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 // desiredCopy is the service as one cluster runs it: the hub's spec with the
 // cluster's replicas, labelled as the hub's, and, when its endpoint picker
 // federates, annotated with the cluster's name and the federation mode.
-func desiredCopy(svc *v1alpha2.LLMInferenceService, cluster string, replicas int32, federation fleetv1alpha1.FederationMode) *v1alpha2.LLMInferenceService {
+func desiredCopy(svc *v1alpha2.LLMInferenceService, hubID, cluster string, replicas int32, federation fleetv1alpha1.FederationMode) *v1alpha2.LLMInferenceService {
 	cp := &v1alpha2.LLMInferenceService{
 		ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: svc.Namespace,
 			Labels: maps.Clone(svc.Labels), Annotations: maps.Clone(svc.Annotations)},
@@ -147,7 +149,7 @@ func desiredCopy(svc *v1alpha2.LLMInferenceService, cluster string, replicas int
 		cp.Annotations = map[string]string{}
 	}
 	delete(cp.Annotations, corev1.LastAppliedConfigAnnotation)
-	fleetv1alpha1.MarkManagedByHub(cp)
+	fleetv1alpha1.MarkOwnedByHub(cp, hubID)
 	cp.Annotations[fleetv1alpha1.OriginUIDAnnotation] = string(svc.UID)
 	if rt := svc.Spec.Router; rt != nil && rt.Scheduler != nil {
 		cp.Annotations[fleetv1alpha1.ExportAnnotation] = fleetv1alpha1.ExportClusterSet
@@ -201,7 +203,7 @@ func (r *Reconciler) ensureNamespace(ctx context.Context, c inventory.Cluster, n
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
-	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: fleetv1alpha1.ManagedByHubLabels()}}
+	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: fleetv1alpha1.OwnedByHubLabels(r.opts.HubID)}}
 	return client.IgnoreAlreadyExists(c.Client.Create(ctx, ns))
 }
 
@@ -224,7 +226,7 @@ func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc
 		if want.Labels == nil {
 			want.Labels = map[string]string{}
 		}
-		fleetv1alpha1.MarkManagedByHub(want)
+		fleetv1alpha1.MarkOwnedByHub(want, r.opts.HubID)
 		cur := &v1alpha2.LLMInferenceServiceConfig{}
 		err := c.Client.Get(ctx, client.ObjectKeyFromObject(want), cur)
 		switch {
@@ -234,7 +236,7 @@ func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc
 			}
 		case err != nil:
 			return err
-		case !fleetv1alpha1.IsManagedByHub(cur):
+		case !fleetv1alpha1.IsOwnedByHub(cur, r.opts.HubID):
 			// The spoke has its own config of that name: it wins there.
 		case !equality.Semantic.DeepEqual(cur.Spec, want.Spec) || !equality.Semantic.DeepEqual(cur.Labels, want.Labels):
 			cur.Spec, cur.Labels = want.Spec, want.Labels
@@ -251,6 +253,8 @@ func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc
 // cache learns of its deletion timestamp a moment after the request: without
 // this memory every reconcile in between would send the delete again.
 type deletions struct {
+	hubID string
+
 	mu   sync.Mutex
 	sent map[types.UID]time.Time
 }
@@ -265,7 +269,7 @@ func (d *deletions) deleteCopy(ctx context.Context, c inventory.Cluster, ns, nam
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cp); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if !fleetv1alpha1.IsManagedByHub(cp) || !cp.DeletionTimestamp.IsZero() {
+	if !fleetv1alpha1.IsOwnedByHub(cp, d.hubID) || !cp.DeletionTimestamp.IsZero() {
 		return nil
 	}
 	d.mu.Lock()

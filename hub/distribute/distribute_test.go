@@ -88,13 +88,13 @@ func TestOrphanCollectorDeletesOnlyWhatNoHubObjectAccountsFor(t *testing.T) {
 	config := func(name string, hubs bool) *v1alpha2.LLMInferenceServiceConfig {
 		c := &v1alpha2.LLMInferenceServiceConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 		if hubs {
-			fleetv1alpha1.MarkManagedByHub(c)
+			fleetv1alpha1.MarkOwnedByHub(c, testHubID)
 		}
 		return c
 	}
 	f := newFleet(t, []client.Object{service("kept", 1)}, map[string][]client.Object{"a": {
 		hubCopy("gone", 1), kept, users, config("shared", true), config("stale", true), config("own", false)}})
-	f.r.OrphanCollector(time.Hour).collect(context.Background(), inventory.Cluster{Name: "a", Client: f.spokes["a"]})
+	f.r.OrphanCollector(time.Hour).collect(context.Background(), inventory.Cluster{Name: "a", Client: f.spokes["a"]}, time.Now())
 
 	cases := []struct {
 		name     string
@@ -131,7 +131,7 @@ func TestAForeignObjectIsReportedAndNeverWritten(t *testing.T) {
 		t.Errorf("%d writes to the cluster holding the foreign object, want none", n)
 	}
 	cp := f.copyIn("a", "llama")
-	if fleetv1alpha1.IsManagedByHub(cp) || ptr.Deref(cp.Spec.Replicas, 0) != 7 || cp.Labels["team"] != "spoke" {
+	if fleetv1alpha1.IsOwnedByHub(cp, testHubID) || ptr.Deref(cp.Spec.Replicas, 0) != 7 || cp.Labels["team"] != "spoke" {
 		t.Errorf("the foreign object changed: %+v", cp.ObjectMeta)
 	}
 	st := f.hubService("llama").Status

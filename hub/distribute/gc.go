@@ -4,24 +4,45 @@ import (
 	"context"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
-// OrphanCollector deletes what the hub left in spokes that no hub object
+var orphansPending = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "fleetinfer_hub_orphans_pending_deletion",
+	Help: "Copies in a cluster that no hub service accounts for, waiting out the grace period before the orphan collector deletes them.",
+}, []string{"cluster"})
+
+func init() { ctrlmetrics.Registry.MustRegister(orphansPending) }
+
+// OrphanCollector deletes what this hub left in spokes that no hub object
 // accounts for any more: copies of services deleted while their cluster was
 // unreachable, and copied configs no copy references. It runs periodically
 // and whenever a cluster joins or recovers (as MultiKueue's garbage
 // collector does for remote objects after an outage).
+//
+// It touches only objects that carry this hub's ID, so hubs sharing spokes
+// leave each other's copies alone, and a copy is deleted only once it has
+// been an orphan for the grace period: a hub service deleted and recreated,
+// or a hub restored from a backup a little behind, gets its copy back
+// before anything stops.
 type OrphanCollector struct {
 	hub       client.Client
 	inv       *inventory.Inventory
 	interval  time.Duration
+	grace     time.Duration
 	deletions *deletions
+
+	// orphans holds, per cluster, the copies the last sweep found orphaned
+	// and since when. Only Start's loop touches it.
+	orphans map[string]map[copyRef]time.Time
 }
 
 // Start runs the collector until ctx ends.
@@ -38,32 +59,53 @@ func (g *OrphanCollector) Start(ctx context.Context) error {
 		}
 		for _, c := range g.inv.Clusters(ctx) {
 			if c.Available() {
-				g.collect(ctx, c)
+				g.collect(ctx, c, time.Now())
 			}
 		}
 	}
 }
 
-func (g *OrphanCollector) collect(ctx context.Context, c inventory.Cluster) {
-	managed := client.MatchingLabels(fleetv1alpha1.ManagedByHubLabels())
+func (g *OrphanCollector) collect(ctx context.Context, c inventory.Cluster, now time.Time) {
+	ours := client.MatchingLabels(fleetv1alpha1.OwnedByHubLabels(g.deletions.hubID))
 	var copies v1alpha2.LLMInferenceServiceList
-	if err := c.Client.List(ctx, &copies, managed); err != nil {
+	if err := c.Client.List(ctx, &copies, ours); err != nil {
 		return
 	}
+	before := g.orphans[c.Name]
+	orphaned := map[copyRef]time.Time{}
 	referenced := map[string]bool{} // namespace/config
 	for _, cp := range copies.Items {
+		ref := copyRef{cp.Namespace, cp.Name, cp.UID}
 		hub := &v1alpha2.LLMInferenceService{}
-		err := g.hub.Get(ctx, client.ObjectKeyFromObject(&cp), hub)
-		if apierrors.IsNotFound(err) {
-			_ = g.deletions.deleteCopy(ctx, c, cp.Namespace, cp.Name)
-			continue
+		switch err := g.hub.Get(ctx, client.ObjectKeyFromObject(&cp), hub); {
+		case apierrors.IsNotFound(err):
+			since, ok := before[ref]
+			if !ok {
+				since = now
+			}
+			if now.Sub(since) >= g.grace {
+				_ = g.deletions.deleteCopy(ctx, c, cp.Namespace, cp.Name)
+				continue
+			}
+			orphaned[ref] = since
+		case err != nil:
+			// Unknown: neither an orphan nor proof of a live service; an
+			// orphan keeps its time.
+			if since, ok := before[ref]; ok {
+				orphaned[ref] = since
+			}
 		}
 		for _, ref := range cp.Spec.BaseRefs {
 			referenced[cp.Namespace+"/"+ref.Name] = true
 		}
 	}
+	if g.orphans == nil {
+		g.orphans = map[string]map[copyRef]time.Time{}
+	}
+	g.orphans[c.Name] = orphaned
+	orphansPending.WithLabelValues(c.Name).Set(float64(len(orphaned)))
 	var configs v1alpha2.LLMInferenceServiceConfigList
-	if err := c.Client.List(ctx, &configs, managed); err != nil {
+	if err := c.Client.List(ctx, &configs, ours); err != nil {
 		return
 	}
 	for i := range configs.Items {
@@ -72,6 +114,12 @@ func (g *OrphanCollector) collect(ctx context.Context, c inventory.Cluster) {
 			_ = client.IgnoreNotFound(c.Client.Delete(ctx, cfg))
 		}
 	}
+}
+
+// copyRef names one copy; a copy deleted and made again is another.
+type copyRef struct {
+	namespace, name string
+	uid             types.UID
 }
 
 // NeedLeaderElection: only the elected hub deletes.

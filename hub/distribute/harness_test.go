@@ -52,6 +52,9 @@ func testScheme(t *testing.T) *runtime.Scheme {
 }
 
 // newFleet builds a hub holding hubObjs and one spoke per key of spokeObjs.
+// testHubID is the identity of the hub under test.
+const testHubID = "hub-under-test"
+
 func newFleet(t *testing.T, hubObjs []client.Object, spokeObjs map[string][]client.Object) *fleet {
 	t.Helper()
 	s := testScheme(t)
@@ -75,7 +78,7 @@ func newFleet(t *testing.T, hubObjs []client.Object, spokeObjs map[string][]clie
 		f.spokes[name], f.writes[name] = c, n
 		clusters = append(clusters, inventory.Cluster{Name: name, Client: c, Reader: c})
 	}
-	f.r = &Reconciler{hub: f.hub, clusters: clusters, recorder: f.recorder, deletions: &deletions{}}
+	f.r = &Reconciler{hub: f.hub, clusters: clusters, recorder: f.recorder, opts: Options{HubID: testHubID}, deletions: &deletions{hubID: testHubID}}
 	return f
 }
 
@@ -157,7 +160,7 @@ func service(name string, replicas int32) *v1alpha2.LLMInferenceService {
 
 // hubCopy is a copy the hub wrote into a spoke, with its replicas ready.
 func hubCopy(name string, replicas int32) *v1alpha2.LLMInferenceService {
-	cp := desiredCopy(service(name, replicas), "", replicas, "")
+	cp := desiredCopy(service(name, replicas), testHubID, "", replicas, "")
 	setReady(cp, replicas)
 	return cp
 }

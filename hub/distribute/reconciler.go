@@ -58,6 +58,12 @@ type Options struct {
 	DefaultToleration time.Duration
 	// Workers is how many services are reconciled at once.
 	Workers int
+	// HubID is this hub's identity (fleetv1alpha1.HubIDLabel): the hub
+	// updates and deletes only the spoke objects that carry it.
+	HubID string
+	// OrphanGrace is how long a copy must stay orphaned (no hub service of
+	// its name) before the collector deletes it.
+	OrphanGrace time.Duration
 }
 
 // Reconciler reconciles hub LLMInferenceServices.
@@ -76,13 +82,13 @@ type Reconciler struct {
 func NewReconciler(mgr mcmanager.Manager, inv *inventory.Inventory, opts Options) *Reconciler {
 	local := mgr.GetLocalManager()
 	return &Reconciler{hub: local.GetClient(), clusters: inv, inv: inv, recorder: local.GetEventRecorderFor("fleetinfer-hub"),
-		opts: opts, deletions: &deletions{}}
+		opts: opts, deletions: &deletions{hubID: opts.HubID}}
 }
 
 // OrphanCollector returns the collector of the copies this reconciler's hub
 // left behind; it shares the reconciler's memory of deletions.
 func (r *Reconciler) OrphanCollector(interval time.Duration) *OrphanCollector {
-	return &OrphanCollector{hub: r.hub, inv: r.inv, interval: interval, deletions: r.deletions}
+	return &OrphanCollector{hub: r.hub, inv: r.inv, interval: interval, grace: r.opts.OrphanGrace, deletions: r.deletions}
 }
 
 var (

@@ -16,6 +16,15 @@ const (
 	// ManagedByHub is the label's value on what a fleetinfer hub created.
 	ManagedByHub = "fleetinfer-hub"
 
+	// HubIDLabel names the hub that created an object in a spoke, so that
+	// several hubs (staging and production, blue and green, a restored
+	// disaster-recovery hub) can share spokes: a hub updates and deletes
+	// only what carries its own ID (IsOwnedByHub). The ID defaults to the
+	// hub cluster's own identity (its kube-system namespace's UID); a hub
+	// that is to take over another's copies, as a restore does, is given
+	// that hub's ID.
+	HubIDLabel = "fleet.fleetinfer.io/hub-id"
+
 	// OriginUIDAnnotation is the UID of the hub object a copy came from.
 	OriginUIDAnnotation = "fleet.fleetinfer.io/origin-uid"
 
@@ -96,6 +105,22 @@ func MarkManagedByHub(obj metav1.Object) {
 // cache selectors).
 func ManagedByHubLabels() map[string]string {
 	return map[string]string{ManagedByLabel: ManagedByHub}
+}
+
+// IsOwnedByHub reports whether the hub with this ID created obj.
+func IsOwnedByHub(obj metav1.Object, hubID string) bool {
+	return IsManagedByHub(obj) && obj.GetLabels()[HubIDLabel] == hubID
+}
+
+// MarkOwnedByHub labels obj as created by the hub with this ID.
+func MarkOwnedByHub(obj metav1.Object, hubID string) {
+	MarkManagedByHub(obj)
+	obj.GetLabels()[HubIDLabel] = hubID
+}
+
+// OwnedByHubLabels selects what the hub with this ID created.
+func OwnedByHubLabels(hubID string) map[string]string {
+	return map[string]string{ManagedByLabel: ManagedByHub, HubIDLabel: hubID}
 }
 
 // PeerDirectoryName is the ConfigMap, next to a service's copy, that holds

@@ -1,0 +1,42 @@
+package hub
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+)
+
+func TestHubIdentity(t *testing.T) {
+	kubeSystem := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-system", UID: "5c6f8d2e-hub-cluster"}}
+	for _, tc := range []struct {
+		name    string
+		objs    []client.Object
+		given   string
+		want    string
+		wantErr string
+	}{
+		{name: "derived from the hub cluster's kube-system namespace", objs: []client.Object{kubeSystem}, want: "5c6f8d2e-hub-cluster"},
+		{name: "given wins, as for a restore taking over", objs: []client.Object{kubeSystem}, given: "prod-hub", want: "prod-hub"},
+		{name: "given must be a label value", given: "prod hub/1", wantErr: "not a valid label value"},
+		{name: "nothing to derive from", wantErr: "set --hub-id"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientBuilder().WithObjects(tc.objs...).Build()
+			got, err := HubIdentity(context.Background(), c, tc.given)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("HubIdentity = %q, %v; want an error saying %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("HubIdentity = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
