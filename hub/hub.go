@@ -80,6 +80,8 @@ type Options struct {
 	ProbeSuccessThreshold int
 	// OrphanInterval is how often the orphan collector sweeps the spokes.
 	OrphanInterval time.Duration
+	// ClusterTimeout bounds each call to one spoke within a reconcile.
+	ClusterTimeout time.Duration
 	// OrphanGrace is how long a copy stays orphaned before it is deleted.
 	OrphanGrace time.Duration
 	// HubID is this hub's identity on the spokes (fleetv1alpha1.HubIDLabel);
@@ -116,7 +118,7 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 		return err
 	}
 	r := distribute.NewReconciler(mgr, inv, distribute.Options{DefaultToleration: opts.DefaultToleration, Workers: opts.Workers,
-		HubID: id, OrphanGrace: opts.OrphanGrace})
+		HubID: id, OrphanGrace: opts.OrphanGrace, ClusterTimeout: opts.ClusterTimeout})
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	"github.com/fleetinfer/fleetinfer/hub"
+	"github.com/fleetinfer/fleetinfer/hub/distribute"
 	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
 	"github.com/fleetinfer/fleetinfer/internal/managerflags"
 )
@@ -30,6 +31,7 @@ func main() {
 	flag.DurationVar(&opts.FederationCAOverlap, "federation-ca-rotation-overlap", ca.DefaultOverlap, "When the CA in --federation-ca-secret is replaced: how long pickers trust both CAs before their certificates are re-signed by the new one, and again before the old CA is dropped. Longer than a Secret takes to reach a picker's files.")
 	flag.StringVar(&opts.TrustDomain, "federation-trust-domain", "fleetinfer.io", "SPIFFE trust domain of endpoint-picker identities (spiffe://<domain>/cluster/<c>/ns/<ns>/llminferenceservice/<name>).")
 	flag.IntVar(&opts.Workers, "concurrent-service-syncs", 8, "Services reconciled at once by each hub controller.")
+	flag.DurationVar(&opts.ClusterTimeout, "cluster-timeout", distribute.DefaultClusterTimeout, "Deadline of each call to one spoke within a reconcile: a spoke that hangs is unreadable for that reconcile instead of holding the worker and the other spokes' writes.")
 	var po hub.ProviderOptions
 	flag.StringVar(&po.Kind, "cluster-provider", hub.ProviderKubeconfig, "How the hub finds its spokes in --cluster-namespace: kubeconfig (Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true) or clusterprofile (Cluster Inventory API ClusterProfiles).")
 	flag.StringVar(&po.Consumer, "clusterprofile-consumer", "fleetinfer-hub", "With --cluster-provider=clusterprofile: the consumer name of the kubeconfig Secrets (label x-k8s.io/cluster-inventory-consumer) the hub reads for profiles it has no access provider for.")

@@ -34,36 +34,46 @@ type observed struct {
 	err           error // the cluster could not be read
 }
 
-// observe reads the service's copy in every available cluster.
+// observe reads the service's copy in every available cluster, all at once,
+// each under the cluster deadline: a cluster whose cache has not synced, or
+// that does not answer, is unreadable for this reconcile.
 func (r *Reconciler) observe(ctx context.Context, svc *v1alpha2.LLMInferenceService, clusters []inventory.Cluster) map[string]*observed {
-	out := map[string]*observed{}
+	out := make(map[string]*observed, len(clusters))
 	for _, c := range clusters {
-		o := &observed{}
-		out[c.Name] = o
+		out[c.Name] = &observed{}
+	}
+	var wg sync.WaitGroup
+	for _, c := range clusters {
+		o := out[c.Name]
 		if !c.Available() {
 			o.err = errors.New(c.Reason)
 			continue
 		}
-		cp := &v1alpha2.LLMInferenceService{}
-		err := c.Client.Get(ctx, client.ObjectKeyFromObject(svc), cp)
-		if apierrors.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			o.err = err
-			continue
-		}
-		o.exists, o.obj = true, cp
-		o.ours = fleetv1alpha1.IsOwnedByHub(cp, r.opts.HubID)
-		o.replicas = ptr.Deref(cp.Spec.Replicas, 1)
-		if w := cp.Status.Workloads; w != nil && w.Primary != nil {
-			o.readyReplicas = ptr.Deref(w.Primary.ReadyReplicas, 0)
-		}
-		o.ready = cp.Status.IsTrue(v1alpha2.Ready) && cp.Status.ObservedGeneration == cp.Generation
-		o.url = ptr.Deref(cp.Status.URL, "")
-		o.message = firstProblem(cp)
+		wg.Go(func() { r.observeIn(ctx, c, svc, o) })
 	}
+	wg.Wait()
 	return out
+}
+
+func (r *Reconciler) observeIn(ctx context.Context, c inventory.Cluster, svc *v1alpha2.LLMInferenceService, o *observed) {
+	cp := &v1alpha2.LLMInferenceService{}
+	err := r.inCluster(ctx, func(ctx context.Context) error { return c.Client.Get(ctx, client.ObjectKeyFromObject(svc), cp) })
+	if apierrors.IsNotFound(err) {
+		return
+	}
+	if err != nil {
+		o.err = err
+		return
+	}
+	o.exists, o.obj = true, cp
+	o.ours = fleetv1alpha1.IsOwnedByHub(cp, r.opts.HubID)
+	o.replicas = ptr.Deref(cp.Spec.Replicas, 1)
+	if w := cp.Status.Workloads; w != nil && w.Primary != nil {
+		o.readyReplicas = ptr.Deref(w.Primary.ReadyReplicas, 0)
+	}
+	o.ready = cp.Status.IsTrue(v1alpha2.Ready) && cp.Status.ObservedGeneration == cp.Generation
+	o.url = ptr.Deref(cp.Status.URL, "")
+	o.message = firstProblem(cp)
 }
 
 // firstProblem is the message of the copy's first False condition.
@@ -101,7 +111,7 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 	for i, c := range clusters {
 		o := copies[c.Name]
 		want, chosen := d.want[c.Name]
-		var write func() error
+		var write func(context.Context) error
 		switch {
 		case !c.Available() || o.err != nil:
 			// Nothing can be written; failover (in decide) handles it.
@@ -112,22 +122,20 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			if o.exists && o.replicas > want && !settled {
 				replicas = o.replicas // shrink once the others are ready
 			}
-			write = func() error {
+			write = func(ctx context.Context) error {
 				return r.ensureCopy(ctx, c, desiredCopy(svc, r.opts.HubID, c.Name, replicas, d.federation), o)
 			}
 		case o.exists && o.ours && settled:
-			write = func() error { return r.deletions.deleteCopy(ctx, c, svc.Namespace, svc.Name) }
+			write = func(ctx context.Context) error { return r.deletions.deleteCopy(ctx, c, svc.Namespace, svc.Name) }
 		}
 		if write == nil {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := write(); err != nil {
+		wg.Go(func() {
+			if err := r.inCluster(ctx, write); err != nil {
 				errs[i] = fmt.Errorf("cluster %s: %w", c.Name, err)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)

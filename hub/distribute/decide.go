@@ -93,7 +93,8 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 			held[name] = min(o.readyReplicas, o.replicas)
 		}
 	}
-	fleet := placement.Fleet{Clusters: clusters, Held: held, DefaultToleration: r.opts.DefaultToleration, Now: now}
+	fleet := placement.Fleet{Clusters: clusters, Held: held, DefaultToleration: r.opts.DefaultToleration, Now: now,
+		ClusterTimeout: r.clusterTimeout()}
 	if prev != nil {
 		fleet.FailedOver = prev.FailedOverClusters
 	}

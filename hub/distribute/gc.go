@@ -38,6 +38,7 @@ type OrphanCollector struct {
 	inv       *inventory.Inventory
 	interval  time.Duration
 	grace     time.Duration
+	timeout   time.Duration // per cluster sweep
 	deletions *deletions
 
 	// orphans holds, per cluster, the copies the last sweep found orphaned
@@ -59,7 +60,9 @@ func (g *OrphanCollector) Start(ctx context.Context) error {
 		}
 		for _, c := range g.inv.Clusters(ctx) {
 			if c.Available() {
-				g.collect(ctx, c, time.Now())
+				cctx, cancel := context.WithTimeout(ctx, g.timeout)
+				g.collect(cctx, c, time.Now())
+				cancel()
 			}
 		}
 	}

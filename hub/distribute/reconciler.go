@@ -61,10 +61,18 @@ type Options struct {
 	// HubID is this hub's identity (fleetv1alpha1.HubIDLabel): the hub
 	// updates and deletes only the spoke objects that carry it.
 	HubID string
+	// ClusterTimeout bounds every call to one cluster (DefaultClusterTimeout
+	// when unset): a spoke that hangs (a black-holed link, a cache that never
+	// syncs) is unreadable for this reconcile instead of holding the worker
+	// and every other cluster's writes.
+	ClusterTimeout time.Duration
 	// OrphanGrace is how long a copy must stay orphaned (no hub service of
 	// its name) before the collector deletes it.
 	OrphanGrace time.Duration
 }
+
+// DefaultClusterTimeout is Options.ClusterTimeout when unset.
+const DefaultClusterTimeout = 10 * time.Second
 
 // Reconciler reconciles hub LLMInferenceServices.
 type Reconciler struct {
@@ -88,7 +96,8 @@ func NewReconciler(mgr mcmanager.Manager, inv *inventory.Inventory, opts Options
 // OrphanCollector returns the collector of the copies this reconciler's hub
 // left behind; it shares the reconciler's memory of deletions.
 func (r *Reconciler) OrphanCollector(interval time.Duration) *OrphanCollector {
-	return &OrphanCollector{hub: r.hub, inv: r.inv, interval: interval, grace: r.opts.OrphanGrace, deletions: r.deletions}
+	return &OrphanCollector{hub: r.hub, inv: r.inv, interval: interval, grace: r.opts.OrphanGrace, timeout: r.clusterTimeout(),
+		deletions: r.deletions}
 }
 
 var (
@@ -176,6 +185,21 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	return out, errors.Join(decideErr, distErr)
 }
 
+// inCluster runs one cluster's part of a reconcile under the cluster
+// deadline.
+func (r *Reconciler) inCluster(ctx context.Context, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, r.clusterTimeout())
+	defer cancel()
+	return f(ctx)
+}
+
+func (r *Reconciler) clusterTimeout() time.Duration {
+	if r.opts.ClusterTimeout <= 0 {
+		return DefaultClusterTimeout
+	}
+	return r.opts.ClusterTimeout
+}
+
 // finalize deletes the copies in every reachable cluster. Copies in
 // unreachable clusters are left to the orphan collector, which removes them
 // when the cluster comes back, so a lost cluster cannot block deletion.
@@ -188,7 +212,9 @@ func (r *Reconciler) finalize(ctx context.Context, svc *v1alpha2.LLMInferenceSer
 		if !c.Available() {
 			continue
 		}
-		if err := r.deletions.deleteCopy(ctx, c, svc.Namespace, svc.Name); err != nil {
+		if err := r.inCluster(ctx, func(ctx context.Context) error {
+			return r.deletions.deleteCopy(ctx, c, svc.Namespace, svc.Name)
+		}); err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
 		}
 	}

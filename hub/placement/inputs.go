@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -99,6 +100,9 @@ type Fleet struct {
 	// DefaultToleration applies when the placement sets none.
 	DefaultToleration time.Duration
 	Now               time.Time
+	// ClusterTimeout bounds each cluster's capacity read (none when zero):
+	// a cluster that hangs reads as one without a report.
+	ClusterTimeout time.Duration
 }
 
 // Inputs gathers the request and the clusters of a decision for svc under
@@ -113,7 +117,8 @@ func Inputs(ctx context.Context, hub client.Reader, pl *fleetv1alpha1.InferenceP
 	}
 	var requeue time.Duration
 	var out []Cluster
-	for _, c := range f.Clusters {
+	capacities := capacitiesOf(ctx, f.Clusters, f.ClusterTimeout)
+	for i, c := range f.Clusters {
 		ok := c.Available()
 		if !ok {
 			if left := toleration - f.Now.Sub(c.UnavailableSince); left > 0 {
@@ -125,7 +130,7 @@ func Inputs(ctx context.Context, hub client.Reader, pl *fleetv1alpha1.InferenceP
 			ok = false // recovered, but the placement keeps replicas where failover put them
 		}
 		out = append(out, Cluster{Name: c.Name, Labels: c.Labels, Properties: c.Properties,
-			Healthy: ok, Capacity: CapacityOf(ctx, c.Client), Current: f.Held[c.Name]})
+			Healthy: ok, Capacity: capacities[i], Current: f.Held[c.Name]})
 	}
 	req := Request{Spec: pl.Spec, Replicas: ptr.Deref(svc.Spec.Replicas, 1), Need: NeedOf(svc, pl.Spec.Accelerator)}
 	var err error
@@ -178,6 +183,26 @@ func NeedOf(svc *v1alpha2.LLMInferenceService, override *fleetv1alpha1.Accelerat
 		}
 	}
 	return n
+}
+
+// capacitiesOf reads every cluster's capacity report at once, each within
+// the timeout.
+func capacitiesOf(ctx context.Context, clusters []inventory.Cluster, timeout time.Duration) []*fleetv1alpha1.ClusterCapacityStatus {
+	out := make([]*fleetv1alpha1.ClusterCapacityStatus, len(clusters))
+	var wg sync.WaitGroup
+	for i, c := range clusters {
+		wg.Go(func() {
+			ctx := ctx
+			if timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
+			out[i] = CapacityOf(ctx, c.Client)
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 // CapacityOf reads a cluster's capacity report through c, the hub's cache
