@@ -27,6 +27,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 	"github.com/fleetinfer/fleetinfer/localfleet/loadgen"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // Options configures a demo run.
@@ -52,7 +53,12 @@ type Options struct {
 	// Dir keeps the fleet's state and logs there instead of a temporary
 	// directory that is removed at the end.
 	Dir string
-	Out io.Writer
+	// Network is the matrix of links between the clusters (nil: the
+	// fleet's default) and PodNetwork the pod-network mode (default
+	// isolated); see fleet.Options.
+	Network    *wan.Matrix
+	PodNetwork wan.PodNetwork
+	Out        io.Writer
 }
 
 func (o *Options) defaults() {
@@ -88,7 +94,8 @@ func Run(ctx context.Context, opts Options) error {
 		fmt.Fprintf(out, "==> [%s] %s\n", time.Since(began).Round(time.Second), fmt.Sprintf(format, a...))
 	}
 	step("Starting the local fleet: 1 hub + %d GPU clusters (real kube-apiserver, etcd, controller-manager, scheduler each; fleetinfer's hub and spoke controllers; a gateway per cluster)", opts.Spokes)
-	f, err := fleet.Start(ctx, fleet.Options{Dir: opts.Dir, Spokes: Spokes(opts.Spokes), Log: progressLog(out)})
+	f, err := fleet.Start(ctx, fleet.Options{Dir: opts.Dir, Spokes: Spokes(opts.Spokes), Network: opts.Network,
+		PodNetwork: opts.PodNetwork, Log: progressLog(out)})
 	if err != nil {
 		if f != nil {
 			f.Stop()

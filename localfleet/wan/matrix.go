@@ -286,3 +286,12 @@ func (m *Matrix) Place(c, like string, l Link) error {
 	m.clusters = append(m.clusters, c)
 	return nil
 }
+
+// Clone returns a copy that changes apart from m.
+func (m *Matrix) Clone() *Matrix {
+	c := &Matrix{clusters: slices.Clone(m.clusters), links: make(map[pair]Link, len(m.links))}
+	for p, l := range m.links {
+		c.links[p] = l
+	}
+	return c
+}
