@@ -119,7 +119,7 @@ type Options struct {
 	// net.Listen): the local fleet serves them through its network between
 	// clusters (wan.Fabric.Listen).
 	Listen func(addr string) (net.Listener, error)
-	Log           logr.Logger
+	Log    logr.Logger
 }
 
 // Gateway is a running gateway.
