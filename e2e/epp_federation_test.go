@@ -31,6 +31,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // The federation tests run one pool, "llama", in three clusters of the shared
@@ -148,6 +149,9 @@ func load(pods []string, workers int, limit time.Duration) (stop func()) {
 }
 
 func TestEPPFederation(t *testing.T) {
+	// west is reached in Endpoint mode, at its pods' addresses, and the
+	// pickers federate at theirs: pod networks reachable across clusters.
+	podNetwork(t, wan.Flat)
 	// east's two pods take one request at a time, slowly, so that a few
 	// concurrent completions make vllm:num_requests_waiting move.
 	simArgs := map[string]string{

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // namespace creates a namespace named after the test on cluster c.
@@ -72,3 +73,19 @@ func readyPod(t *testing.T, c *fleet.Cluster, ns string, labels map[string]strin
 }
 
 func intstrFromString(s string) intstr.IntOrString { return intstr.FromString(s) }
+
+// podNetwork switches the shared fleet's pod network to mode for the rest
+// of the test: a test that needs pod addresses reachable across clusters
+// (Endpoint mode) runs in flat mode.
+func podNetwork(t *testing.T, mode wan.PodNetwork) {
+	t.Helper()
+	before := fl.PodNetwork()
+	if err := fl.SetPodNetwork(context.Background(), mode); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := fl.SetPodNetwork(context.Background(), before); err != nil {
+			t.Errorf("restore pod network %s: %v", before, err)
+		}
+	})
+}

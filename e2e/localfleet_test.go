@@ -3,12 +3,14 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,10 +27,13 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "open-cluster-management.io/api/cluster/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // vllmDeployment is a model-server Deployment as a user would write it for
@@ -307,4 +312,196 @@ func running(pid int) bool {
 	// A zombie has exited; only its parent has not reaped it yet.
 	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 	return len(fields) > 0 && fields[0] != "Z"
+}
+
+// httpFrom is an HTTP client whose connections leave from source, as a
+// process of the cluster that owns that address; keep-alive reuses one
+// connection for consecutive requests.
+func httpFrom(source netip.Addr, timeout time.Duration) *http.Client {
+	d := &net.Dialer{Timeout: time.Second}
+	if source.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: source.AsSlice()}
+	}
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 1}}
+}
+
+// getHealth sends GET /health with Host host and says how long it took.
+func getHealth(c *http.Client, base, host string) (time.Duration, error) {
+	req, err := http.NewRequest(http.MethodGet, base+"/health", nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Host = host
+	start := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s", resp.Status)
+	}
+	return time.Since(start), nil
+}
+
+// medianHealth is the median time of n GET /health on one kept-alive
+// connection, after one request that opens it.
+func medianHealth(t *testing.T, c *http.Client, base, host string, n int) time.Duration {
+	t.Helper()
+	var ds []time.Duration
+	for i := range n + 1 {
+		d, err := getHealth(c, base, host)
+		if err != nil {
+			t.Fatalf("GET %s/health (Host %s): %v", base, host, err)
+		}
+		if i > 0 {
+			ds = append(ds, d)
+		}
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+// The clusters of the local fleet are apart. With the default matrix and
+// isolated pod networks, a process of cluster A cannot reach a pod address
+// of cluster B (the connection is reset); it reaches B's gateway and B's
+// LoadBalancer addresses, and each round trip pays link(A, B)'s RTT. A black
+// hole between A and B makes connections hang without a reset until it
+// heals. The hub reaches every spoke's API server through its own link.
+func TestClustersAreApartOnTheWAN(t *testing.T) {
+	ctx := context.Background()
+	a, b := fl.Spokes[0], fl.Spokes[1]
+	if fl.PodNetwork() != wan.Isolated {
+		t.Fatalf("the shared fleet runs pod network %q, want the default %q", fl.PodNetwork(), wan.Isolated)
+	}
+	rtt, err := fl.Fabric().Link(a.Name(), b.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromA := fleet.GatewayAddress(a.NetworkIndex)
+	ns := namespace(t, b)
+	dep := vllmDeployment(ns, "apart", 1)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "apart", Namespace: ns}, Spec: corev1.ServiceSpec{
+		Selector: map[string]string{"app": "apart"}, Ports: []corev1.ServicePort{{Port: 8000}}}}
+	lb := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "apart-lb", Namespace: ns}, Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "apart"},
+		Ports: []corev1.ServicePort{{Port: 18000, TargetPort: intstrFromString("http")}}}}
+	const host = "apart.test"
+	route := fedpool.Route(ns, "apart", host, gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: gatewayv1.BackendRef{
+		BackendObjectReference: gatewayv1.BackendObjectReference{Name: "apart", Port: ptr.To(gatewayv1.PortNumber(8000))}}}}})
+	for _, obj := range []client.Object{dep, svc, lb, route} {
+		if err := b.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod := readyPod(t, b, ns, map[string]string{"app": "apart"})
+	if err := fedpool.RouteAccepted(ctx, b, ns, "apart", 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	podBase := "http://" + net.JoinHostPort(pod.Status.PodIP, "8000")
+
+	t.Run("another cluster's pod address is unreachable, the cluster's own is not", func(t *testing.T) {
+		refused := fl.Fabric().Stats(a.Name(), b.Name()).Refused
+		if _, err := getHealth(httpFrom(fromA, 2*time.Second), podBase, ""); err == nil {
+			t.Fatalf("%s reached %s's pod at %s", a.Name(), b.Name(), podBase)
+		} else if !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("error %v, want a connection reset", err)
+		}
+		if got := fl.Fabric().Stats(a.Name(), b.Name()).Refused - refused; got != 1 {
+			t.Errorf("fabric counted %d refused connections from %s to %s, want 1", got, a.Name(), b.Name())
+		}
+		if _, err := getHealth(httpFrom(fleet.GatewayAddress(b.NetworkIndex), 2*time.Second), podBase, ""); err != nil {
+			t.Errorf("%s's own address does not reach its pod: %v", b.Name(), err)
+		}
+	})
+
+	fromAClient := httpFrom(fromA, 5*time.Second)
+	t.Run("another cluster's gateway answers after the link's round trip", func(t *testing.T) {
+		direct := medianHealth(t, httpFrom(netip.Addr{}, 5*time.Second), b.GatewayURL(), host, 9)
+		linked := medianHealth(t, fromAClient, b.GatewayURL(), host, 9)
+		extra := linked - direct
+		lo, hi := time.Duration(float64(rtt.RTT)*0.8), time.Duration(float64(rtt.RTT)*1.2)
+		t.Logf("GET /health through %s's gateway: %s from %s, %s from outside the clusters: the link adds %s (RTT %s)",
+			b.Name(), linked, a.Name(), direct, extra, rtt.RTT)
+		if extra < lo || extra > hi {
+			t.Errorf("the link adds %s to a round trip, want %s ±20%% [%s, %s]", extra, rtt.RTT, lo, hi)
+		}
+	})
+
+	t.Run("a black hole hangs connections without a reset until it heals", func(t *testing.T) {
+		if err := fl.Fabric().BlackHole(a.Name(), b.Name()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = fl.Fabric().Heal(a.Name(), b.Name()) })
+		c := httpFrom(fromA, 700*time.Millisecond)
+		c.Transport = fromAClient.Transport // the connection opened before the hole
+		for _, tc := range []struct {
+			name string
+			c    *http.Client
+		}{{"open connection", c}, {"new connection", httpFrom(fromA, 700*time.Millisecond)}} {
+			_, err := getHealth(tc.c, b.GatewayURL(), host)
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() || errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("%s during the black hole: %v, want a timeout", tc.name, err)
+			}
+		}
+		if err := fl.Fabric().Heal(a.Name(), b.Name()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := getHealth(httpFrom(fromA, 2*time.Second), b.GatewayURL(), host); err != nil {
+			t.Errorf("after healing: %v", err)
+		}
+	})
+
+	t.Run("a LoadBalancer Service is reachable from another cluster through the link", func(t *testing.T) {
+		var ip netip.Addr
+		testutil.Eventually(t, 20*time.Second, "load-balancer address", func(ctx context.Context) error {
+			if err := b.Client.Get(ctx, client.ObjectKeyFromObject(lb), lb); err != nil {
+				return err
+			}
+			if in := lb.Status.LoadBalancer.Ingress; len(in) == 1 {
+				ip, err = netip.ParseAddr(in[0].IP)
+				return err
+			}
+			return fmt.Errorf("ingress %+v", lb.Status.LoadBalancer.Ingress)
+		})
+		if !fleet.LoadBalancerPool(b.NetworkIndex).Contains(ip) {
+			t.Fatalf("load-balancer address %s is outside %s's pool %s", ip, b.Name(), fleet.LoadBalancerPool(b.NetworkIndex))
+		}
+		before := fl.Fabric().Stats(a.Name(), b.Name()).Accepted
+		took := medianHealth(t, httpFrom(fromA, 5*time.Second), "http://"+net.JoinHostPort(ip.String(), "18000"), "", 5)
+		if took < time.Duration(float64(rtt.RTT)*0.8) {
+			t.Errorf("GET /health through the load balancer took %s, less than the link's RTT %s", took, rtt.RTT)
+		}
+		if n := fl.Fabric().Stats(a.Name(), b.Name()).Accepted - before; n != 1 {
+			t.Errorf("%d connections from %s to %s through the link, want 1", n, a.Name(), b.Name())
+		}
+	})
+
+	t.Run("the hub reaches every spoke through its link", func(t *testing.T) {
+		for _, s := range fl.Spokes {
+			var sec corev1.Secret
+			if err := fl.Hub.Client.Get(ctx, client.ObjectKey{Namespace: fleet.Namespace, Name: s.Name()}, &sec); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := clientcmd.RESTConfigFromKubeConfig(sec.Data[fleet.KubeconfigSecretKey])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := "https://" + fleet.APIAddress(s.NetworkIndex).String(); cfg.Host != want {
+				t.Errorf("the hub reaches %s at %s, want %s", s.Name(), cfg.Host, want)
+			}
+			var mc clusterv1.ManagedCluster
+			if err := fl.Hub.Client.Get(ctx, client.ObjectKey{Name: s.Name()}, &mc); err != nil {
+				t.Fatal(err)
+			}
+			if !meta.IsStatusConditionTrue(mc.Status.Conditions, clusterv1.ManagedClusterConditionAvailable) {
+				t.Errorf("%s not Available: %v", s.Name(), mc.Status.Conditions)
+			}
+			if st := fl.Fabric().Stats(fleet.HubCluster, s.Name()); st.Accepted == 0 || st.BytesFromTarget == 0 {
+				t.Errorf("no hub traffic crossed the link to %s: %+v", s.Name(), st)
+			}
+		}
+	})
 }

@@ -14,6 +14,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/fleetinfer/fleetinfer/localfleet/demo"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 func main() {
@@ -28,7 +29,20 @@ func main() {
 	flag.IntVar(&replicas, "replicas", 0, "the service's replicas across the fleet (default 6)")
 	flag.StringVar(&opts.ReportDir, "report-dir", "demo-report", "directory for report.md and its plots")
 	flag.StringVar(&opts.Dir, "dir", "", "keep cluster state and logs in this directory instead of a temporary one")
+	matrix := flag.String("wan-matrix", "", "YAML file of the links between clusters (round trip, jitter, bandwidth, loss per pair; default: modelled on IBM Cloud's Washington DC, Dallas and Toronto)")
+	podNetwork := flag.String("pod-network", string(wan.Isolated), "isolated: a cluster's pod addresses are unreachable from the others; flat: reachable through the link")
 	flag.Parse()
+	var err error
+	if opts.PodNetwork, err = wan.ParsePodNetwork(*podNetwork); err != nil {
+		fmt.Fprintln(os.Stderr, "error: --pod-network:", err)
+		os.Exit(2)
+	}
+	if *matrix != "" {
+		if opts.Network, err = wan.Load(*matrix); err != nil {
+			fmt.Fprintln(os.Stderr, "error: --wan-matrix:", err)
+			os.Exit(2)
+		}
+	}
 	opts.Replicas = int32(replicas)
 	opts.Out = os.Stdout
 	// The demo prints its own progress; the in-process parts of the fleet

@@ -89,13 +89,14 @@ func (a *authority) issue(subject pkix.Name, ips []net.IP, dnsNames []string, us
 	return keyPair{Cert: pemBlock("CERTIFICATE", der), Key: pemBlock("PRIVATE KEY", keyDER)}, nil
 }
 
-// serving issues a TLS server certificate for the given loopback host.
-func (a *authority) serving(host string) (keyPair, error) {
+// serving issues a TLS server certificate for the given loopback host and
+// any further addresses it is reached at.
+func (a *authority) serving(host string, more ...net.IP) (keyPair, error) {
 	ip := net.ParseIP(host)
 	if ip == nil {
 		return keyPair{}, fmt.Errorf("serving address %q is not an IP", host)
 	}
-	return a.issue(pkix.Name{CommonName: "kube-apiserver"}, []net.IP{ip}, []string{"localhost"}, x509.ExtKeyUsageServerAuth)
+	return a.issue(pkix.Name{CommonName: "kube-apiserver"}, append([]net.IP{ip}, more...), []string{"localhost"}, x509.ExtKeyUsageServerAuth)
 }
 
 // client issues a client certificate; the API server maps CN to the user name

@@ -54,6 +54,10 @@ type Options struct {
 	// AuditUsers are users whose writes (create, update, patch, delete)
 	// the API server records in AuditLog(), so tests can count them.
 	AuditUsers []string
+	// ServingIPs are further addresses the API server's certificate is
+	// valid for, besides its own: a proxy in front of it (the link the hub
+	// reaches a spoke through).
+	ServingIPs []net.IP
 }
 
 // Admin identity of the fleet's own tooling.
@@ -126,7 +130,7 @@ func (c *ControlPlane) path(elem ...string) string {
 }
 
 func (c *ControlPlane) writePKI() error {
-	serving, err := c.ca.serving(c.host)
+	serving, err := c.ca.serving(c.host, c.opts.ServingIPs...)
 	if err != nil {
 		return err
 	}

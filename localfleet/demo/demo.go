@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 	"github.com/fleetinfer/fleetinfer/localfleet/loadgen"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // Options configures a demo run.
@@ -52,7 +54,12 @@ type Options struct {
 	// Dir keeps the fleet's state and logs there instead of a temporary
 	// directory that is removed at the end.
 	Dir string
-	Out io.Writer
+	// Network is the matrix of links between the clusters (nil: the
+	// fleet's default) and PodNetwork the pod-network mode (default
+	// isolated); see fleet.Options.
+	Network    *wan.Matrix
+	PodNetwork wan.PodNetwork
+	Out        io.Writer
 }
 
 func (o *Options) defaults() {
@@ -88,7 +95,8 @@ func Run(ctx context.Context, opts Options) error {
 		fmt.Fprintf(out, "==> [%s] %s\n", time.Since(began).Round(time.Second), fmt.Sprintf(format, a...))
 	}
 	step("Starting the local fleet: 1 hub + %d GPU clusters (real kube-apiserver, etcd, controller-manager, scheduler each; fleetinfer's hub and spoke controllers; a gateway per cluster)", opts.Spokes)
-	f, err := fleet.Start(ctx, fleet.Options{Dir: opts.Dir, Spokes: Spokes(opts.Spokes), Log: progressLog(out)})
+	f, err := fleet.Start(ctx, fleet.Options{Dir: opts.Dir, Spokes: Spokes(opts.Spokes), Network: opts.Network,
+		PodNetwork: opts.PodNetwork, Log: progressLog(out)})
 	if err != nil {
 		if f != nil {
 			f.Stop()
@@ -102,6 +110,7 @@ func Run(ctx context.Context, opts Options) error {
 	step("Fleet up in %.1fs; the hub sees every cluster's GPUs", time.Since(began).Seconds())
 	printStatus(ctx, out, f)
 	printAccess(out, f)
+	printNetwork(out, f)
 	if opts.HotCluster == "" {
 		opts.HotCluster = f.Spokes[len(f.Spokes)-1].Name()
 	}
@@ -174,6 +183,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	step("Summary")
 	printSummary(out, phases, opts.HotCluster)
+	printCrossings(out, f)
 	fmt.Fprintf(out, "    Report: %s\n", path)
 	step("Shutting down")
 	f.Stop()
@@ -265,6 +275,37 @@ func printAccess(out io.Writer, f *fleet.Fleet) {
 	fmt.Fprintf(out, "      bin/kube-*/kubectl --kubeconfig %s get managedclusters\n", f.Hub.AdminKubeconfig())
 	for _, s := range f.Spokes {
 		fmt.Fprintf(out, "      bin/kube-*/kubectl --kubeconfig %s get nodes,pods -A\n", s.AdminKubeconfig())
+	}
+}
+
+// printNetwork prints the pod-network mode and the links between the
+// clusters, hub included.
+func printNetwork(out io.Writer, f *fleet.Fleet) {
+	fmt.Fprintf(out, "    Network: %s pod networks; links (round trip) between clusters, as written to %s:\n",
+		f.PodNetwork(), filepath.Join(f.Dir(), fleet.MatrixFile))
+	clusters := f.Matrix().Clusters()
+	for i, a := range clusters {
+		for _, b := range clusters[i+1:] {
+			if l, err := f.Fabric().Link(a, b); err == nil {
+				fmt.Fprintf(out, "      %s–%s %s\n", a, b, l.RTT)
+			}
+		}
+	}
+}
+
+// printCrossings prints, for each ordered pair of spokes, how many
+// connections crossed the link and the bytes they carried.
+func printCrossings(out io.Writer, f *fleet.Fleet) {
+	fmt.Fprintln(out, "    Connections across links (from → to: connections, bytes there/back, refused):")
+	for _, a := range f.Spokes {
+		for _, b := range f.Spokes {
+			if a == b {
+				continue
+			}
+			if st := f.Fabric().Stats(a.Name(), b.Name()); st != (wan.Stats{}) {
+				fmt.Fprintf(out, "      %s → %s: %d, %d/%d B, %d refused\n", a.Name(), b.Name(), st.Accepted, st.BytesToTarget, st.BytesFromTarget, st.Refused)
+			}
+		}
 	}
 }
 

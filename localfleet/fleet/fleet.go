@@ -22,12 +22,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fleetinfer/fleetinfer/apis"
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
 	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
+	"github.com/fleetinfer/fleetinfer/localfleet/loadbalancer"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // SpokeSpec describes one GPU cluster.
@@ -75,7 +78,15 @@ type Options struct {
 	// FirstNetwork is the network index (SpokeNetwork, GatewayAddress) of
 	// the first spoke, so that a second fleet can run beside another one.
 	FirstNetwork int
-	Log          logr.Logger
+	// Network holds the links between the clusters (nil: wan.Default over
+	// the spokes, in order). The hub sits in the first spoke's region unless
+	// the matrix names a cluster "hub". The matrix in use is written to
+	// MatrixFile in Dir.
+	Network *wan.Matrix
+	// PodNetwork is the pod-network mode: wan.Isolated (the default) or
+	// wan.Flat.
+	PodNetwork wan.PodNetwork
+	Log        logr.Logger
 }
 
 // Cluster is one member of the fleet.
@@ -89,9 +100,14 @@ type Cluster struct {
 	// Gateway serves the spoke's Gateway (see gateways.go); nil on the hub
 	// and with Options.NoGateways.
 	Gateway *gateway.Gateway
+	// LoadBalancer serves the spoke's LoadBalancer Services; nil on the hub.
+	LoadBalancer *loadbalancer.LoadBalancer
 	// NetworkIndex numbers the spoke's loopback range (SpokeNetwork,
 	// GatewayAddress).
 	NetworkIndex int
+	// HubURL is where the hub reaches the spoke's API server: through the
+	// link between them (APIAddress). The fleet's own clients use URL().
+	HubURL string
 	// ControllerMetrics is the Prometheus endpoint of fleetinfer's
 	// controller in this cluster, empty when it does not run one.
 	ControllerMetrics string
@@ -110,6 +126,7 @@ type Fleet struct {
 	StartupStages []Stage
 
 	opts     Options
+	fabric   *wan.Fabric
 	netLocks []*os.File
 	dir      string
 	ownDir   bool
@@ -165,6 +182,9 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 			f.Stop()
 		}
 	}()
+	if err := f.startFabric(); err != nil {
+		return f, err
+	}
 	agentCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	f.cancel = cancel
 
@@ -189,15 +209,15 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	f.Spokes = make([]*Cluster, len(opts.Spokes))
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		c, err := f.startCluster(gctx, "hub", false, hubCRDs)
+		c, err := f.startCluster(gctx, "hub", -1, hubCRDs)
 		f.Hub = c
 		return err
 	})
 	for i, s := range opts.Spokes {
 		g.Go(func() error {
-			c, err := f.startCluster(gctx, s.Name, true, spokeCRDs)
+			c, err := f.startCluster(gctx, s.Name, opts.FirstNetwork+i, spokeCRDs)
 			if c != nil {
-				c.Spec = s
+				c.Spec, c.NetworkIndex = s, opts.FirstNetwork+i
 			}
 			f.Spokes[i] = c
 			return err
@@ -210,9 +230,10 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 
 	stageBegan := time.Now()
 	g, gctx = errgroup.WithContext(ctx)
-	for i, s := range f.Spokes {
-		s.NetworkIndex = opts.FirstNetwork + i
+	for _, s := range f.Spokes {
 		g.Go(func() error { return f.startKubelet(gctx, s, s.NetworkIndex) })
+		g.Go(func() error { return f.startLoadBalancer(gctx, s) })
+		g.Go(func() error { return f.startAPIProxy(s) })
 	}
 	if !opts.NoGateways {
 		g.Go(func() error { return f.startGateways(gctx) })
@@ -308,11 +329,13 @@ func validate(spokes []SpokeSpec, first int) error {
 	return nil
 }
 
-func (f *Fleet) startCluster(ctx context.Context, name string, spoke bool, crdList []*apiextensionsv1.CustomResourceDefinition) (*Cluster, error) {
+// startCluster starts the hub (index -1) or the spoke of that network index.
+func (f *Fleet) startCluster(ctx context.Context, name string, index int, crdList []*apiextensionsv1.CustomResourceDefinition) (*Cluster, error) {
 	b := f.opts.Binaries
+	spoke := index >= 0
 	cp, err := controlplane.New(controlplane.Options{
 		Name: name, Dir: filepath.Join(f.dir, name), Registry: f.Registry,
-		ControllerManager: true, Scheduler: spoke, AuditUsers: []string{HubUser},
+		ControllerManager: true, Scheduler: spoke, AuditUsers: []string{HubUser}, ServingIPs: servingIPs(spoke, index),
 		Binaries: controlplane.Binaries{Etcd: b.Etcd, KubeAPIServer: b.KubeAPIServer,
 			KubeControllerManager: b.KubeControllerManager, KubeScheduler: b.KubeScheduler},
 	})
@@ -343,6 +366,8 @@ func (f *Fleet) startKubelet(ctx context.Context, c *Cluster, index int) error {
 		Config:   c.Admin(),
 		Nodes:    c.Spec.Nodes,
 		Network:  SpokeNetwork(index),
+		Reserved: reservedAddresses(index),
+		Fabric:   f.fabric,
 		Registry: f.Registry,
 		Dir:      filepath.Join(c.Dir(), "kubelet"),
 		Version:  "v1.36.3-localfleet",
@@ -350,7 +375,8 @@ func (f *Fleet) startKubelet(ctx context.Context, c *Cluster, index int) error {
 		Runtimes: kubelet.Runtimes{
 			kubelet.SimulatorRuntime{Binary: b.Simulator, Repos: kubelet.DefaultModelServerImages, DefaultArgs: c.Spec.SimulatorArgs},
 			kubelet.BinaryRuntime{Description: "fleetinfer EPP images as bin/epp", Repos: []string{"fleetinfer/epp"}, Binary: b.EPP,
-				PortFlags: map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090, "federation-port": 9004}},
+				PortFlags:  map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090, "federation-port": 9004},
+				PodIPFlags: []string{fleetv1alpha1.FlagFederationSourceAddress}},
 			kubelet.BinaryRuntime{Description: "fleetinfer spoke images as bin/spoke", Repos: []string{"fleetinfer/spoke"}, Binary: b.Spoke,
 				AddressFlags: map[string]int32{"metrics-bind-address": 8080, "health-probe-bind-address": 8081}},
 			kubelet.CompletedRuntime{Description: "KServe storage-initializer (no model weights to fetch)", Repos: []string{"kserve/storage-initializer"}},
@@ -395,6 +421,11 @@ func (f *Fleet) Stop() {
 		}
 		f.agents.Wait()
 		f.stopGateways()
+		for _, s := range f.Spokes {
+			if s != nil && s.LoadBalancer != nil {
+				s.LoadBalancer.Stop()
+			}
+		}
 		var wg sync.WaitGroup
 		for _, s := range f.Spokes {
 			if s != nil && s.Kubelet != nil {
@@ -417,6 +448,9 @@ func (f *Fleet) Stop() {
 		}
 		wg.Wait()
 		f.Registry.StopAll(controlplane.StopGrace)
+		if f.fabric != nil {
+			f.fabric.Close()
+		}
 		if f.ownDir {
 			_ = os.RemoveAll(f.dir)
 		}

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // The Gateway API objects the fleet creates in every spoke: a GatewayClass
@@ -85,7 +87,9 @@ func (f *Fleet) startGateway(ctx context.Context, s *Cluster, index int) error {
 		Config:  s.Admin(),
 		Gateway: types.NamespacedName{Namespace: Namespace, Name: GatewayName},
 		Address: GatewayAddress(index),
-		Log:     f.opts.Log.WithName("gateway").WithValues("cluster", s.Name()),
+		// Every cluster reaches the gateway, through the link.
+		Listen: func(addr string) (net.Listener, error) { return f.fabric.Listen(addr, s.Name(), wan.Exposed) },
+		Log:    f.opts.Log.WithName("gateway").WithValues("cluster", s.Name()),
 	})
 	if err != nil {
 		return err

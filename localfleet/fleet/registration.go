@@ -20,9 +20,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/hub/clusterprofile"
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // Registration, in the forms the hub reads.
@@ -100,6 +102,7 @@ func (f *Fleet) grantHubAccess(ctx context.Context, s *Cluster) error {
 	if err != nil {
 		return err
 	}
+	cfg.Host = s.HubURL
 	kc, err := controlplane.Kubeconfig(s.Name(), cfg)
 	if err != nil {
 		return err
@@ -129,10 +132,14 @@ const clusterSet = "default"
 
 // registrationLabels are the labels of a spoke's ManagedCluster and
 // ClusterProfile.
-func registrationLabels(s *Cluster) map[string]string {
+// In flat mode they name the pod network every spoke shares.
+func (f *Fleet) registrationLabels(s *Cluster) map[string]string {
 	l := map[string]string{"name": s.Name(), "cluster.open-cluster-management.io/clusterset": clusterSet}
 	for k, v := range s.Spec.Labels {
 		l[k] = v
+	}
+	if f.PodNetwork() == wan.Flat {
+		l[fleetv1alpha1.PodNetworkLabel] = PodNetworkName
 	}
 	return l
 }
@@ -140,10 +147,10 @@ func registrationLabels(s *Cluster) map[string]string {
 func (f *Fleet) createManagedCluster(ctx context.Context, s *Cluster) error {
 	mc := &clusterv1.ManagedCluster{ObjectMeta: metav1.ObjectMeta{Name: s.Name()}}
 	_, err := controllerutil.CreateOrUpdate(ctx, f.Hub.Client, mc, func() error {
-		mc.Labels = registrationLabels(s)
+		mc.Labels = f.registrationLabels(s)
 		mc.Spec.HubAcceptsClient = true
 		mc.Spec.LeaseDurationSeconds = int32(f.opts.AvailabilityGrace / 5 / time.Second)
-		mc.Spec.ManagedClusterClientConfigs = []clusterv1.ClientConfig{{URL: s.URL(), CABundle: s.CACert()}}
+		mc.Spec.ManagedClusterClientConfigs = []clusterv1.ClientConfig{{URL: s.HubURL, CABundle: s.CACert()}}
 		return nil
 	})
 	return err
@@ -154,7 +161,7 @@ func (f *Fleet) createManagedCluster(ctx context.Context, s *Cluster) error {
 func (f *Fleet) createClusterProfile(ctx context.Context, s *Cluster) error {
 	cp := &clusterinventoryv1alpha1.ClusterProfile{ObjectMeta: metav1.ObjectMeta{Name: s.Name(), Namespace: Namespace}}
 	_, err := controllerutil.CreateOrUpdate(ctx, f.Hub.Client, cp, func() error {
-		cp.Labels = registrationLabels(s)
+		cp.Labels = f.registrationLabels(s)
 		cp.Labels[clusterinventoryv1alpha1.LabelClusterManagerKey] = ClusterManager
 		cp.Spec.DisplayName = s.Name()
 		cp.Spec.ClusterManager.Name = ClusterManager

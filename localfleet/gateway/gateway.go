@@ -115,7 +115,11 @@ type Options struct {
 	// ShutdownGrace is how long Stop lets requests in flight finish
 	// (default 5 s).
 	ShutdownGrace time.Duration
-	Log           logr.Logger
+	// Listen opens the Gateway's HTTP listeners on addr (default
+	// net.Listen): the local fleet serves them through its network between
+	// clusters (wan.Fabric.Listen).
+	Listen func(addr string) (net.Listener, error)
+	Log    logr.Logger
 }
 
 // Gateway is a running gateway.
@@ -186,12 +190,19 @@ func New(opts Options) (*Gateway, error) {
 	if opts.ShutdownGrace <= 0 {
 		opts.ShutdownGrace = 5 * time.Second
 	}
+	if opts.Listen == nil {
+		opts.Listen = listenTCP
+	}
 	g := &Gateway{
 		opts: opts, log: opts.Log.WithValues("gateway", opts.Gateway.String()),
 		metrics: newMetrics(), epps: newEPPClients(extproc.WithMessageTimeout(opts.EPPMessageTimeout)),
 		allowed: opts.AllowedTargets, dirty: make(chan struct{}, 1), servers: map[int32]*server{},
 	}
-	dialer := &net.Dialer{Timeout: opts.ConnectTimeout, KeepAlive: 30 * time.Second}
+	// Upstream connections leave from the gateway's own address, as Envoy's
+	// upstream_bind_config makes them: the cluster they come from is told
+	// by their source.
+	dialer := &net.Dialer{Timeout: opts.ConnectTimeout, KeepAlive: 30 * time.Second,
+		LocalAddr: &net.TCPAddr{IP: opts.Address.AsSlice()}}
 	// Bodies pass through untouched: no transparent gzip.
 	g.transport = &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 64,
 		IdleConnTimeout: 90 * time.Second, DisableCompression: true}
@@ -242,7 +253,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 	if !c.WaitForCacheSync(ctx) {
 		return fail(errors.New("gateway: cache did not sync"))
 	}
-	if g.admin, err = g.listen(g.opts.AdminPort, g.adminHandler()); err != nil {
+	if g.admin, err = g.listen(listenTCP, g.opts.AdminPort, g.adminHandler()); err != nil {
 		return fail(err)
 	}
 	if err := g.reconcile(ctx); err != nil {
@@ -367,7 +378,7 @@ func (g *Gateway) syncListeners(tr *translation) {
 		if g.servers[port] != nil {
 			continue
 		}
-		s, err := g.listen(int(port), g.handler(publicListener, port))
+		s, err := g.listen(g.opts.Listen, int(port), g.handler(publicListener, port))
 		if err != nil {
 			bindErr[port] = err
 			continue
@@ -388,9 +399,11 @@ func (g *Gateway) syncListeners(tr *translation) {
 	g.listeners = tr.listeners
 }
 
-func (g *Gateway) listen(port int, h http.Handler) (*server, error) {
+func listenTCP(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
+
+func (g *Gateway) listen(listen func(string) (net.Listener, error), port int, h http.Handler) (*server, error) {
 	addr := net.JoinHostPort(g.opts.Address.String(), strconv.Itoa(port))
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen(addr)
 	if err != nil {
 		return nil, err
 	}

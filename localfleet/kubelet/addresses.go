@@ -15,16 +15,18 @@ import (
 type addresses struct {
 	mu          sync.Mutex
 	first, last uint32 // inclusive range
+	reserved    []netip.Prefix
 	nextPod     uint32
 	lowestNode  uint32 // pods stay below the lowest node address
 	inUse       map[uint32]bool
 }
 
-func newAddresses(p netip.Prefix) *addresses {
+// newAddresses hands out addresses of p outside reserved.
+func newAddresses(p netip.Prefix, reserved []netip.Prefix) *addresses {
 	b := p.Masked().Addr().As4()
 	first := binary.BigEndian.Uint32(b[:])
 	last := first | (1<<(32-p.Bits()) - 1)
-	return &addresses{first: first, last: last, nextPod: first, lowestNode: last + 1, inUse: map[uint32]bool{}}
+	return &addresses{first: first, last: last, reserved: reserved, nextPod: first, lowestNode: last + 1, inUse: map[uint32]bool{}}
 }
 
 func toIP(n uint32) string {
@@ -34,8 +36,20 @@ func toIP(n uint32) string {
 }
 
 // usable excludes x.y.z.0 and x.y.z.255, which read as network and broadcast
-// addresses though loopback has neither.
-func usable(n uint32) bool { return n&0xff != 0 && n&0xff != 0xff }
+// addresses though loopback has neither, and the reserved ranges.
+func (a *addresses) usable(n uint32) bool {
+	if n&0xff == 0 || n&0xff == 0xff {
+		return false
+	}
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], n)
+	for _, r := range a.reserved {
+		if r.Contains(netip.AddrFrom4(b)) {
+			return false
+		}
+	}
+	return true
+}
 
 func (a *addresses) pod() (string, error) {
 	a.mu.Lock()
@@ -46,7 +60,7 @@ func (a *addresses) pod() (string, error) {
 		if a.nextPod >= a.lowestNode {
 			a.nextPod = a.first
 		}
-		if usable(cand) && !a.inUse[cand] {
+		if a.usable(cand) && !a.inUse[cand] {
 			a.inUse[cand] = true
 			return toIP(cand), nil
 		}
@@ -59,7 +73,7 @@ func (a *addresses) node() (string, error) {
 	defer a.mu.Unlock()
 	for a.lowestNode > a.first+1 {
 		a.lowestNode--
-		if usable(a.lowestNode) {
+		if a.usable(a.lowestNode) {
 			a.inUse[a.lowestNode] = true
 			return toIP(a.lowestNode), nil
 		}

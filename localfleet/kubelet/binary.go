@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -22,6 +23,11 @@ type BinaryRuntime struct {
 	// ([host]:port, controller-runtime's --metrics-bind-address); they are
 	// rewritten to 127.0.0.1 and the free port.
 	AddressFlags map[string]int32
+	// PodIPFlags are set to the pod's IP when the container does not set
+	// them: flags that make a process bind its pod's address as the source
+	// of its connections, as a real pod's connections leave from its pod IP
+	// (the local fleet's network tells clusters apart by source address).
+	PodIPFlags []string
 }
 
 // flagDefault returns the default port of a port or address flag.
@@ -62,6 +68,9 @@ func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
 	for i := 0; i < len(args); i++ {
 		name, value, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
 		_, address, isPort := r.flagDefault(name)
+		if slices.Contains(r.PodIPFlags, name) && strings.HasPrefix(args[i], "-") {
+			seen[name] = true
+		}
 		if !isPort || !strings.HasPrefix(args[i], "-") {
 			out = append(out, args[i])
 			continue
@@ -100,6 +109,11 @@ func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
 			ports[def] = local
 			_, address, _ := r.flagDefault(name)
 			out = append(out, "--"+name+"="+flagValue(local, address))
+		}
+	}
+	for _, name := range r.PodIPFlags {
+		if !seen[name] && c.PodIP != "" {
+			out = append(out, "--"+name+"="+c.PodIP)
 		}
 	}
 	return &Launch{Path: r.Binary, Args: out, Env: c.Env, Ports: ports}, nil

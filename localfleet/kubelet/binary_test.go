@@ -53,3 +53,27 @@ func TestBinaryRuntimeRewritesPortAndAddressFlags(t *testing.T) {
 		})
 	}
 }
+
+// A pod-IP flag the container leaves out is set to the pod's address; one it
+// sets is left alone.
+func TestBinaryRuntimeSetsPodIPFlagsTheContainerLeavesOut(t *testing.T) {
+	r := BinaryRuntime{Binary: "/bin/epp", PodIPFlags: []string{"federation-source-address"}}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"left out", []string{"--v=2"}, []string{"--v=2", "--federation-source-address=127.12.0.7"}},
+		{"given", []string{"--federation-source-address", "127.12.0.9"}, []string{"--federation-source-address", "127.12.0.9"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := r.Prepare(&Container{Args: tc.args, PodIP: "127.12.0.7"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(l.Args, tc.want) {
+				t.Errorf("args %v, want %v", l.Args, tc.want)
+			}
+		})
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // container supervises one container of a pod: it prepares and starts the
@@ -115,14 +116,14 @@ func (c *container) runOnce(ctx context.Context) (int32, bool) {
 		})
 		return 0, true
 	}
-	var fwds []*forwarder
+	var fwds []*wan.Server
 	defer func() {
 		for _, f := range fwds {
-			f.Close()
+			_ = f.Close()
 		}
 	}()
 	for podPort, local := range launch.Ports {
-		f, err := forward(c.w.ip, podPort, local)
+		f, err := c.w.k.forward(c.w.ip, podPort, local)
 		if err != nil {
 			c.fail("RunContainerError", fmt.Errorf("forward %s:%d: %w", c.w.ip, podPort, err))
 			return 0, false

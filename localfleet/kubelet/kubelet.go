@@ -35,6 +35,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // Options configures a kubelet.
@@ -47,7 +48,14 @@ type Options struct {
 	Nodes  []NodeSpec
 	// Network is the loopback range pods and nodes get addresses from,
 	// e.g. 127.11.0.0/16.
-	Network  netip.Prefix
+	Network netip.Prefix
+	// Reserved are addresses of Network that no pod or node gets: the
+	// cluster's gateway, load balancers and API endpoint.
+	Reserved []netip.Prefix
+	// Fabric carries connections to the pods' ports, as the pod network
+	// and the links between clusters would (policy wan.PodAddress). Nil:
+	// every connection is direct.
+	Fabric   *wan.Fabric
 	Runtimes Runtimes
 	Registry *process.Registry
 	// Dir holds per-pod directories: volumes, tokens, process logs.
@@ -85,6 +93,12 @@ func New(opts Options) (*Kubelet, error) {
 	if !netip.MustParsePrefix("127.0.0.0/8").Contains(opts.Network.Addr()) || opts.Network.Bits() < 8 || opts.Network.Bits() > 24 {
 		return nil, fmt.Errorf("kubelet %s: network %s must be a /8 to /24 inside 127.0.0.0/8", opts.Cluster, opts.Network)
 	}
+	if opts.Fabric == nil {
+		var err error
+		if opts.Fabric, err = wan.NewFabric(wan.FabricOptions{}); err != nil {
+			return nil, err
+		}
+	}
 	if opts.RestartBackoff <= 0 {
 		opts.RestartBackoff = time.Second
 	}
@@ -103,7 +117,7 @@ func New(opts Options) (*Kubelet, error) {
 	}
 	k := &Kubelet{
 		opts: opts, cs: cs, log: opts.Log.WithValues("cluster", opts.Cluster),
-		ips:     newAddresses(opts.Network),
+		ips:     newAddresses(opts.Network, opts.Reserved),
 		nodeIPs: map[string]string{}, nodes: map[string]bool{},
 		workers: map[types.UID]*podWorker{},
 	}

@@ -264,3 +264,34 @@ func (m *Matrix) YAML() ([]byte, error) {
 	}
 	return yaml.Marshal(f)
 }
+
+// Place adds cluster c to the matrix next to cluster like (in its region):
+// c's link to every other cluster is like's, and its link to like is l.
+func (m *Matrix) Place(c, like string, l Link) error {
+	if slices.Contains(m.clusters, c) {
+		return fmt.Errorf("wan: cluster %q is already in the matrix", c)
+	}
+	if _, err := m.Link(like, like); err != nil {
+		return err
+	}
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("wan: link between %s and %s: %w", c, like, err)
+	}
+	for _, o := range m.clusters {
+		if o != like {
+			m.links[pairOf(c, o)] = m.links[pairOf(like, o)]
+		}
+	}
+	m.links[pairOf(c, like)] = l
+	m.clusters = append(m.clusters, c)
+	return nil
+}
+
+// Clone returns a copy that changes apart from m.
+func (m *Matrix) Clone() *Matrix {
+	c := &Matrix{clusters: slices.Clone(m.clusters), links: make(map[pair]Link, len(m.links))}
+	for p, l := range m.links {
+		c.links[p] = l
+	}
+	return c
+}
