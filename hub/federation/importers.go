@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -40,8 +42,14 @@ func (r *Reconciler) importers(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 		}
 		m := member{cluster: c}
 		imp := &igwapixv1alpha1.InferencePoolImport{}
-		if pool == "" || c.Client.Get(ctx, client.ObjectKey{Namespace: svc.Namespace, Name: pool}, imp) != nil ||
-			!fleetv1alpha1.IsManagedByHub(imp) || !imp.DeletionTimestamp.IsZero() || !routes(imp) {
+		var err error
+		if pool != "" {
+			err = c.Client.Get(ctx, client.ObjectKey{Namespace: svc.Namespace, Name: pool}, imp)
+		}
+		switch {
+		case err != nil && !apierrors.IsNotFound(err) && !meta.IsNoMatchError(err):
+			continue // unknown: what was published stays
+		case pool == "" || err != nil || !fleetv1alpha1.IsManagedByHub(imp) || !imp.DeletionTimestamp.IsZero() || !routes(imp):
 			others = append(others, m)
 			continue
 		}
