@@ -15,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
@@ -32,6 +33,7 @@ func init() {
 	utilruntime.Must(clientgoscheme.AddToScheme(Scheme))
 	utilruntime.Must(v1alpha2.AddToScheme(Scheme))
 	utilruntime.Must(igwapiv1.Install(Scheme))
+	utilruntime.Must(igwapixv1alpha1.Install(Scheme))
 	utilruntime.Must(gwapiv1.Install(Scheme))
 	utilruntime.Must(lwsv1.AddToScheme(Scheme))
 	utilruntime.Must(fleetv1alpha1.AddToScheme(Scheme))
@@ -75,6 +77,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	}
 	r := llmisvc.NewReconciler(mgr.GetClient(), mgr.GetEventRecorderFor("llminferenceservice-controller"), opts.Options)
 	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&llmisvc.ImportReconciler{Reconciler: r}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return (&capacity.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	"sigs.k8s.io/yaml"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
@@ -128,11 +129,11 @@ func writeDirectory(t *testing.T, peers ...fleetv1alpha1.Peer) *DirectoryFile {
 
 func writeDirectoryFile(t *testing.T, path string, peers ...fleetv1alpha1.Peer) {
 	t.Helper()
-	s := "peers:\n"
-	for _, p := range peers {
-		s += fmt.Sprintf("- {cluster: %s, federationAddress: %q, identity: %q}\n", p.Cluster, p.FederationAddress, p.Identity)
+	s, err := yaml.Marshal(fleetv1alpha1.PeerDirectory{Peers: peers})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+	if err := os.WriteFile(path, s, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -237,6 +238,48 @@ func TestSubscriberMirrorsPeerPodsAndFollowsChangesAndRemovals(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// The picker of a cluster that only imports the pool is listed as a
+// subscribe-only peer: publishers admit it, and no picker dials it.
+func TestSubscribeOnlyPeerIsServedButNeverDialled(t *testing.T) {
+	ca, err := federationtest.NewCA("fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "peers.yaml")
+	writeDirectoryFile(t, path, fleetv1alpha1.Peer{Cluster: "edge", Identity: "spiffe://fleet.test/edge", SubscribeOnly: true})
+	dir := &DirectoryFile{Path: path, Interval: 20 * time.Millisecond, Log: logr.Discard()}
+	if err := dir.Load(); err != nil {
+		t.Fatal(err)
+	}
+	west := newCluster(t, ca, "west", dir)
+	west.local.set(localPod("a", "127.12.0.1", 0))
+	writeDirectoryFile(t, path, fleetv1alpha1.Peer{Cluster: "edge", Identity: "spiffe://fleet.test/edge", SubscribeOnly: true},
+		fleetv1alpha1.Peer{Cluster: "west", FederationAddress: west.addr, Identity: west.identity})
+	if err := dir.Load(); err != nil {
+		t.Fatal(err)
+	}
+
+	edge := subscribe(t, "edge", loadCreds(t, ca, t.TempDir(), "spiffe://fleet.test/edge"), dir)
+	waitFor(t, "west's pod mirrored at the importer", func() error {
+		if got := remote(edge); len(got) != 1 {
+			return fmt.Errorf("remote endpoints %v", got)
+		}
+		return nil
+	})
+
+	sub := NewSubscriber(SubscriberOptions{Cluster: "west", Pool: testPool, Store: NewStore(time.Second), Credentials: west.creds,
+		Limits: DefaultLimits, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Log: logr.Discard()})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub.sync(ctx, dir.Current())
+	sub.mu.Lock()
+	n := len(sub.running)
+	sub.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("west follows %d peers, want none: edge only subscribes", n)
+	}
 }
 
 func TestPublisherRefusesIdentityOutsideTheDirectory(t *testing.T) {

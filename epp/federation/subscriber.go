@@ -42,8 +42,9 @@ type SubscriberOptions struct {
 	Log           logr.Logger
 }
 
-// Subscriber keeps one subscription per peer of the pool, following the peer
-// directory: peers that appear are subscribed, peers that leave or change are
+// Subscriber keeps one subscription per peer of the pool that publishes
+// (every peer but a subscribe-only one), following the peer directory: peers
+// that appear are subscribed, peers that leave or change are
 // dropped (and resubscribed with the new entry).
 type Subscriber struct {
 	opts SubscriberOptions
@@ -110,6 +111,9 @@ func PeerIdentity(dir *DirectoryFile, pool types.NamespacedName, self string) fu
 func (s *Subscriber) sync(ctx context.Context, d *fleetv1alpha1.PeerDirectory) {
 	want := map[string]fleetv1alpha1.Peer{}
 	for _, p := range d.For(s.opts.Pool, s.opts.Cluster) {
+		if p.SubscribeOnly {
+			continue // an importer's picker: it has nothing to publish
+		}
 		if p.Mode == "" {
 			p.Mode = s.opts.DefaultMode
 		}

@@ -61,7 +61,7 @@ func (r *Reconciler) ensureCertificate(ctx context.Context, svc *v1alpha2.LLMInf
 // whether it changed.
 func (r *Reconciler) publishCertificate(ctx context.Context, svc *v1alpha2.LLMInferenceService, m member, name string, cert, key, bundle []byte) (bool, error) {
 	want := &corev1.Secret{
-		ObjectMeta: r.childMeta(m, name),
+		ObjectMeta: r.childMeta(svc, m, name),
 		Type:       corev1.SecretTypeTLS,
 		Data: map[string][]byte{corev1.TLSCertKey: cert, corev1.TLSPrivateKeyKey: key,
 			corev1.ServiceAccountRootCAKey: bundle},

@@ -43,12 +43,12 @@ func (r *Reconciler) identity(cluster string, svc *v1alpha2.LLMInferenceService)
 }
 
 // ensureDirectory writes the peer directory of m: every other member whose
-// picker can be reached.
+// picker can be reached (m.sees).
 func (r *Reconciler) ensureDirectory(ctx context.Context, svc *v1alpha2.LLMInferenceService, m member, members []member) error {
 	dir := fleetv1alpha1.PeerDirectory{Peers: []fleetv1alpha1.Peer{}}
 	for _, o := range members {
-		if o.cluster.Name != m.cluster.Name && o.peer != nil {
-			dir.Peers = append(dir.Peers, *o.peer)
+		if p := m.sees(o); p != nil {
+			dir.Peers = append(dir.Peers, *p)
 		}
 	}
 	data, err := yaml.Marshal(dir)
@@ -57,7 +57,7 @@ func (r *Reconciler) ensureDirectory(ctx context.Context, svc *v1alpha2.LLMInfer
 	}
 	directoryPeers.WithLabelValues(svc.Namespace, svc.Name, m.cluster.Name).Set(float64(len(dir.Peers)))
 	want := &corev1.ConfigMap{
-		ObjectMeta: r.childMeta(m, fleetv1alpha1.PeerDirectoryName(svc.Name)),
+		ObjectMeta: r.childMeta(svc, m, fleetv1alpha1.PeerDirectoryName(svc.Name)),
 		Data:       map[string]string{fleetv1alpha1.PeerDirectoryKey: string(data)},
 	}
 	changed, err := apply(ctx, r, svc, m, want, func(cur *corev1.ConfigMap) bool {

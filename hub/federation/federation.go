@@ -30,6 +30,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
@@ -79,10 +80,13 @@ type Reconciler struct {
 	Opts     Options
 }
 
-// member is one cluster that runs a federated copy of the service.
+// member is one cluster that runs a federated copy of the service, or that
+// imports its pool (importers.go).
 type member struct {
 	cluster inventory.Cluster
 	copy    *v1alpha2.LLMInferenceService
+	// importer is the import of an importing cluster, which has no copy.
+	importer *igwapixv1alpha1.InferencePoolImport
 	// peer is how the others reach its picker; nil until the copy reports
 	// its picker's address (and, in Parent mode, its gateway's).
 	peer *fleetv1alpha1.Peer
@@ -99,6 +103,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	members, retired := r.members(ctx, svc)
+	importers, others := r.importers(ctx, svc, members, retired)
+	members, retired = sortedMembers(append(members, importers...)), append(retired, others...)
 	var errs []error
 	for _, m := range retired {
 		if m.cluster.Available() {
@@ -111,6 +117,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 	for _, m := range members {
 		if !m.cluster.Available() {
 			continue
+		}
+		if m.importer != nil {
+			if err := r.markImport(ctx, svc, m); err != nil {
+				errs = append(errs, fmt.Errorf("cluster %s: import: %w", m.cluster.Name, err))
+			}
 		}
 		at, err := r.ensureCertificate(ctx, svc, m)
 		if err != nil {
@@ -152,8 +163,14 @@ func (r *Reconciler) members(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 		m.peer = r.peer(ctx, svc, c.Name, cp)
 		members = append(members, m)
 	}
+	return sortedMembers(members), retired
+}
+
+// sortedMembers sorts members by cluster name, so that directories are
+// written the same way every time.
+func sortedMembers(members []member) []member {
 	slices.SortFunc(members, func(a, b member) int { return strings.Compare(a.cluster.Name, b.cluster.Name) })
-	return members, retired
+	return members
 }
 
 // unpublish removes the peer directory and certificate the hub published
@@ -183,14 +200,13 @@ func (r *Reconciler) unpublish(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	return errors.Join(errs...)
 }
 
-// childMeta labels a published object as the hub's and makes the copy its
-// owner.
-func (r *Reconciler) childMeta(m member, name string) metav1.ObjectMeta {
+// childMeta labels a published object as the hub's and makes the copy (or
+// an importer's import) its owner.
+func (r *Reconciler) childMeta(svc *v1alpha2.LLMInferenceService, m member, name string) metav1.ObjectMeta {
 	meta := metav1.ObjectMeta{
-		Namespace: m.copy.Namespace, Name: name,
-		Labels: map[string]string{v1alpha2.LabelName: m.copy.Name},
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha2.GroupVersion.String(), Kind: "LLMInferenceService",
-			Name: m.copy.Name, UID: m.copy.UID, BlockOwnerDeletion: ptr.To(false)}},
+		Namespace: svc.Namespace, Name: name,
+		Labels:          map[string]string{v1alpha2.LabelName: svc.Name},
+		OwnerReferences: []metav1.OwnerReference{m.ownerRef()},
 	}
 	fleetv1alpha1.MarkManagedByHub(&meta)
 	return meta

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
@@ -41,6 +42,7 @@ var scheme = runtime.NewScheme()
 func init() {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1alpha2.AddToScheme(scheme))
+	utilruntime.Must(igwapixv1alpha1.Install(scheme))
 }
 
 // clusters is a fixed inventory.
@@ -153,8 +155,8 @@ func (f *fixture) directory(t *testing.T, cluster string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !fleetv1alpha1.IsManagedByHub(cm) || cm.Labels[v1alpha2.LabelName] != svcName || len(cm.OwnerReferences) != 1 || cm.OwnerReferences[0].UID != types.UID(cluster+"-copy") {
-		t.Errorf("%s: directory labels %v, owners %v; want the hub's, owned by the copy", cluster, cm.Labels, cm.OwnerReferences)
+	if !fleetv1alpha1.IsManagedByHub(cm) || cm.Labels[v1alpha2.LabelName] != svcName || len(cm.OwnerReferences) != 1 || !ownedByCopyOrImport(cm.OwnerReferences[0], cluster) {
+		t.Errorf("%s: directory labels %v, owners %v; want the hub's, owned by the copy (or import)", cluster, cm.Labels, cm.OwnerReferences)
 	}
 	d, err := fleetv1alpha1.ParsePeerDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
 	if err != nil {
@@ -165,7 +167,11 @@ func (f *fixture) directory(t *testing.T, cluster string) []string {
 		if want := f.r.identity(p.Cluster, &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svcName}}); p.Identity != want {
 			t.Errorf("%s lists %s as %s, want %s", cluster, p.Cluster, p.Identity, want)
 		}
-		lines = append(lines, strings.TrimSpace(fmt.Sprintf("%s %s %s %s", p.Cluster, p.FederationAddress, p.GatewayAddress, p.Mode)))
+		line := strings.TrimSpace(fmt.Sprintf("%s %s %s %s", p.Cluster, p.FederationAddress, p.GatewayAddress, p.Mode))
+		if p.SubscribeOnly {
+			line += " subscribe-only"
+		}
+		lines = append(lines, line)
 	}
 	return lines
 }

@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
@@ -42,6 +43,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		Watches(&v1alpha2.LLMInferenceService{}, watch.ToOrigin, watch.OnSpokes...).
 		Watches(&corev1.ConfigMap{}, watch.Map(toOwner), watch.OnSpokes...).
 		Watches(&corev1.Secret{}, watch.Map(toOwner), watch.OnSpokes...).
+		Watches(&igwapixv1alpha1.InferencePoolImport{}, watch.Map(r.toImportingService), watch.OnSpokes...).
 		Watches(&corev1.Secret{}, watch.Map(r.allServices), append(watch.OnHub,
 			mcbuilder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 				return client.ObjectKeyFromObject(o) == r.CA.Secret
@@ -52,12 +54,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		Complete(r)
 }
 
-// toOwner maps a published object to the service whose copy owns it.
+// toOwner maps a published object to the service it was published for:
+// the one it is labelled with (the owner is the copy of that name, or an
+// importer's import).
 func toOwner(_ context.Context, o client.Object) []mcreconcile.Request {
-	for _, ref := range o.GetOwnerReferences() {
-		if ref.Kind == "LLMInferenceService" && ref.APIVersion == v1alpha2.GroupVersion.String() {
-			return []mcreconcile.Request{watch.Request(o.GetNamespace(), ref.Name)}
-		}
+	if name := o.GetLabels()[v1alpha2.LabelName]; name != "" {
+		return []mcreconcile.Request{watch.Request(o.GetNamespace(), name)}
 	}
 	return nil
 }

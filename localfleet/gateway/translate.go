@@ -101,6 +101,7 @@ type poolTarget struct {
 const (
 	gatewayGroup   = gatewayv1.GroupName
 	inferenceGroup = inferencev1.GroupName
+	importGroup    = "inference.networking.x-k8s.io"
 )
 
 type translator struct {
@@ -487,6 +488,13 @@ func (t *translator) backend(r *gatewayv1.HTTPRoute, ref gatewayv1.BackendRef, c
 		b.label += ":" + strconv.Itoa(int(*ref.Port))
 	case group == inferenceGroup && kind == "InferencePool":
 		b.label = "inferencepool/" + key.String()
+	case group == importGroup && kind == "InferencePoolImport":
+		// GIE's multi-cluster proposal: the import controller programs the
+		// data plane of an import. fleetinfer's creates an InferencePool of
+		// the import's name whose picker reaches the exporting clusters; a
+		// gateway that implements the proposal (istio/istio#58252) resolves
+		// the import to that pool, and so does this one.
+		b.label = "inferencepoolimport/" + key.String()
 	default:
 		b.label = strings.ToLower(kind) + "/" + key.String()
 		return fail(gatewayv1.RouteReasonInvalidKind, "backendRef kind %s in group %q is not supported", kind, group)
@@ -494,9 +502,13 @@ func (t *translator) backend(r *gatewayv1.HTTPRoute, ref gatewayv1.BackendRef, c
 	if ns != r.Namespace && !t.granted(r.Namespace, group, kind, key) {
 		return fail(gatewayv1.RouteReasonRefNotPermitted, "no ReferenceGrant in namespace %s allows HTTPRoutes from %s to %s %s", ns, r.Namespace, kind, key.Name)
 	}
-	if kind == "InferencePool" {
+	if kind == "InferencePool" || kind == "InferencePoolImport" {
 		p := t.pool(key)
-		if p == nil {
+		switch {
+		case p == nil && kind == "InferencePoolImport":
+			return fail(gatewayv1.RouteReasonBackendNotFound,
+				"InferencePoolImport %s has no InferencePool of the same name to route to: the import controller creates it once the pool is exported and federated", key)
+		case p == nil:
 			return fail(gatewayv1.RouteReasonBackendNotFound, "InferencePool %s not found", key)
 		}
 		b.pool = p

@@ -40,7 +40,7 @@ const hashAnnotation = "fleetinfer.io/applied-hash"
 
 // ensure creates want, or updates the existing object through sync, as the
 // service's controlled child. Unchanged objects cost no write.
-func ensure[T client.Object](ctx context.Context, r *Reconciler, owner *v1alpha2.LLMInferenceService, want T, sync syncFunc[T]) error {
+func ensure[T client.Object](ctx context.Context, r *Reconciler, owner client.Object, want T, sync syncFunc[T]) error {
 	kind := kindOf(r, want)
 	hash, err := appliedHash(want)
 	if err != nil {
@@ -85,7 +85,7 @@ func ensure[T client.Object](ctx context.Context, r *Reconciler, owner *v1alpha2
 
 // remove deletes obj if it exists and the service controls it; objects of
 // others are left alone.
-func remove[T client.Object](ctx context.Context, r *Reconciler, owner *v1alpha2.LLMInferenceService, obj T) error {
+func remove[T client.Object](ctx context.Context, r *Reconciler, owner client.Object, obj T) error {
 	kind := kindOf(r, obj)
 	cur := reflect.New(reflect.TypeOf(obj).Elem()).Interface().(T)
 	if err := r.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
@@ -104,10 +104,10 @@ func remove[T client.Object](ctx context.Context, r *Reconciler, owner *v1alpha2
 // ownedBy reports whether obj is the owner's child: a controller reference
 // for namespaced objects, the owner labels for cluster-scoped ones (which
 // cannot carry an owner reference to a namespaced object).
-func ownedBy(obj client.Object, owner *v1alpha2.LLMInferenceService) bool {
+func ownedBy(obj client.Object, owner client.Object) bool {
 	if obj.GetNamespace() == "" {
 		l := obj.GetLabels()
-		return l[v1alpha2.LabelName] == owner.Name && l[ownerNamespaceLabel] == owner.Namespace
+		return l[v1alpha2.LabelName] == owner.GetName() && l[ownerNamespaceLabel] == owner.GetNamespace()
 	}
 	return metav1.IsControlledBy(obj, owner)
 }

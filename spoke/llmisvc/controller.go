@@ -175,7 +175,7 @@ func (r *Reconciler) finalize(ctx context.Context, svc *v1alpha2.LLMInferenceSer
 	if !controllerutil.ContainsFinalizer(svc, Finalizer) {
 		return nil
 	}
-	if err := r.removeClusterScoped(ctx, svc); err != nil {
+	if err := r.removeClusterScoped(ctx, svc, svc); err != nil {
 		return err
 	}
 	controllerutil.RemoveFinalizer(svc, Finalizer)

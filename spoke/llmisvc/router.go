@@ -35,9 +35,9 @@ func (r *Reconciler) reconcileRouter(ctx context.Context, svc *v1alpha2.LLMInfer
 
 	managedScheduler := router != nil && router.Scheduler != nil && (router.Scheduler.Pool == nil || router.Scheduler.Pool.Ref == nil)
 	if managedScheduler {
-		errs = append(errs, r.reconcileScheduler(ctx, svc, s, rt))
+		errs = append(errs, r.reconcileScheduler(ctx, svc, svc, s, rt))
 	} else {
-		errs = append(errs, r.removeScheduler(ctx, svc))
+		errs = append(errs, r.removeScheduler(ctx, svc, svc))
 		st.ClearCondition(v1alpha2.SchedulerWorkloadReady)
 		st.Workloads.Scheduler = nil
 	}
@@ -87,5 +87,5 @@ func (r *Reconciler) removeRouter(ctx context.Context, svc *v1alpha2.LLMInferenc
 	for _, t := range v1alpha2.RouterSubConditions {
 		svc.Status.ClearCondition(t)
 	}
-	return errors.Join(r.removeScheduler(ctx, svc), r.removeManagedRoute(ctx, svc))
+	return errors.Join(r.removeScheduler(ctx, svc, svc), r.removeManagedRoute(ctx, svc))
 }

@@ -35,7 +35,10 @@ const (
 // of /metrics callers.
 const eppMetricsAuthDisabledFlag = "--metrics-endpoint-auth=false"
 
-func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMInferenceService, s *v1alpha2.LLMInferenceServiceSpec, rt *routing) error {
+// reconcileScheduler reconciles the pool and picker of svc's scheduler, as
+// children of owner: svc itself, or the InferencePoolImport whose picker
+// the import controller runs under svc's names (import.go).
+func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMInferenceService, owner client.Object, s *v1alpha2.LLMInferenceServiceSpec, rt *routing) error {
 	st := &svc.Status
 	sch := s.Router.Scheduler
 	if !r.apis.inferencePool {
@@ -53,14 +56,14 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 	eppLabels := pickerLabels(svc)
 	tmpl := sch.Template.DeepCopy()
 	if tmpl.ServiceAccountName == eppSAName(svc) {
-		errs = append(errs, r.reconcileEPPIdentity(ctx, svc, tmpl))
+		errs = append(errs, r.reconcileEPPIdentity(ctx, svc, owner, tmpl))
 	}
 	dep, err := r.desiredEPPDeployment(svc, sch, tmpl, eppLabels)
 	if err != nil {
 		st.MarkFalse(v1alpha2.SchedulerWorkloadReady, ReasonInvalidSchedulerConfig, "%v", err)
 		return err
 	}
-	if err := ensure(ctx, r, svc, dep, syncDeployment); err != nil {
+	if err := ensure(ctx, r, owner, dep, syncDeployment); err != nil {
 		st.MarkFalse(v1alpha2.SchedulerWorkloadReady, reconcileFailedReason(err), "%v", err)
 		errs = append(errs, err)
 	} else {
@@ -70,7 +73,7 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 		ObjectMeta: metav1.ObjectMeta{Name: rt.eppSvc, Namespace: svc.Namespace, Labels: eppLabels},
 		Spec:       corev1.ServiceSpec{Selector: eppLabels, Ports: eppServicePorts(tmpl, pool)},
 	}
-	errs = append(errs, ensure(ctx, r, svc, epp, syncService))
+	errs = append(errs, ensure(ctx, r, owner, epp, syncService))
 
 	want := &igwapiv1.InferencePool{
 		ObjectMeta: metav1.ObjectMeta{Name: poolName(svc), Namespace: svc.Namespace, Labels: selectorLabels(svc)},
@@ -82,7 +85,7 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 	if v := svc.Annotations[fleetv1alpha1.ExportAnnotation]; v != "" {
 		want.Annotations = map[string]string{fleetv1alpha1.ExportAnnotation: v}
 	}
-	if err := ensure(ctx, r, svc, want, func(cur, want *igwapiv1.InferencePool, stale bool) bool {
+	if err := ensure(ctx, r, owner, want, func(cur, want *igwapiv1.InferencePool, stale bool) bool {
 		if !stale && derivedEqual(want.Spec, cur.Spec) {
 			return false
 		}
@@ -111,7 +114,7 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 // read access to the pods and pools of its namespace (and leases for leader
 // election) and, when its metrics endpoint authenticates callers, the
 // auth-delegator binding that lets it check their tokens.
-func (r *Reconciler) reconcileEPPIdentity(ctx context.Context, svc *v1alpha2.LLMInferenceService, tmpl *corev1.PodSpec) error {
+func (r *Reconciler) reconcileEPPIdentity(ctx context.Context, svc *v1alpha2.LLMInferenceService, owner client.Object, tmpl *corev1.PodSpec) error {
 	labels := pickerLabels(svc)
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: eppSAName(svc), Namespace: svc.Namespace, Labels: labels}}
 	read := []string{"get", "list", "watch"}
@@ -131,15 +134,15 @@ func (r *Reconciler) reconcileEPPIdentity(ctx context.Context, svc *v1alpha2.LLM
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: svc.Namespace}},
 	}
 	errs := []error{
-		ensure(ctx, r, svc, sa, func(*corev1.ServiceAccount, *corev1.ServiceAccount, bool) bool { return false }),
-		ensure(ctx, r, svc, role, func(cur, want *rbacv1.Role, stale bool) bool {
+		ensure(ctx, r, owner, sa, func(*corev1.ServiceAccount, *corev1.ServiceAccount, bool) bool { return false }),
+		ensure(ctx, r, owner, role, func(cur, want *rbacv1.Role, stale bool) bool {
 			if !stale && derivedEqual(want.Rules, cur.Rules) {
 				return false
 			}
 			cur.Rules = want.Rules
 			return true
 		}),
-		ensure(ctx, r, svc, rb, func(cur, want *rbacv1.RoleBinding, stale bool) bool {
+		ensure(ctx, r, owner, rb, func(cur, want *rbacv1.RoleBinding, stale bool) bool {
 			if !stale && derivedEqual(want.Subjects, cur.Subjects) {
 				return false
 			}
@@ -148,13 +151,13 @@ func (r *Reconciler) reconcileEPPIdentity(ctx context.Context, svc *v1alpha2.LLM
 		}),
 	}
 	if metricsAuthEnabled(tmpl) {
-		errs = append(errs, ensure(ctx, r, svc, &rbacv1.ClusterRoleBinding{
+		errs = append(errs, ensure(ctx, r, owner, &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: eppAuthBindingName(svc), Labels: withLabels(labels, ownerNamespaceLabel, svc.Namespace)},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:auth-delegator"},
 			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: svc.Namespace}},
 		}, func(*rbacv1.ClusterRoleBinding, *rbacv1.ClusterRoleBinding, bool) bool { return false }))
 	} else {
-		errs = append(errs, r.removeClusterScoped(ctx, svc))
+		errs = append(errs, r.removeClusterScoped(ctx, svc, owner))
 	}
 	return errors.Join(errs...)
 }
@@ -170,8 +173,8 @@ func metricsAuthEnabled(pod *corev1.PodSpec) bool {
 	return true
 }
 
-func (r *Reconciler) removeClusterScoped(ctx context.Context, svc *v1alpha2.LLMInferenceService) error {
-	return remove(ctx, r, svc, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppAuthBindingName(svc)}})
+func (r *Reconciler) removeClusterScoped(ctx context.Context, svc *v1alpha2.LLMInferenceService, owner client.Object) error {
+	return remove(ctx, r, owner, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppAuthBindingName(svc)}})
 }
 
 // desiredEPPDeployment is the endpoint picker: one active replica (Recreate,
@@ -266,18 +269,18 @@ func (r *Reconciler) observeEPP(ctx context.Context, svc *v1alpha2.LLMInferenceS
 	return nil
 }
 
-func (r *Reconciler) removeScheduler(ctx context.Context, svc *v1alpha2.LLMInferenceService) error {
+func (r *Reconciler) removeScheduler(ctx context.Context, svc *v1alpha2.LLMInferenceService, owner client.Object) error {
 	ns := svc.Namespace
 	errs := []error{
-		remove(ctx, r, svc, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: schedulerName(svc), Namespace: ns}}),
-		remove(ctx, r, svc, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: eppServiceName(svc), Namespace: ns}}),
-		remove(ctx, r, svc, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: eppSAName(svc), Namespace: ns}}),
-		remove(ctx, r, svc, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: eppRoleName(svc), Namespace: ns}}),
-		remove(ctx, r, svc, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppBindingName(svc), Namespace: ns}}),
-		r.removeClusterScoped(ctx, svc),
+		remove(ctx, r, owner, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: schedulerName(svc), Namespace: ns}}),
+		remove(ctx, r, owner, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: eppServiceName(svc), Namespace: ns}}),
+		remove(ctx, r, owner, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: eppSAName(svc), Namespace: ns}}),
+		remove(ctx, r, owner, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: eppRoleName(svc), Namespace: ns}}),
+		remove(ctx, r, owner, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppBindingName(svc), Namespace: ns}}),
+		r.removeClusterScoped(ctx, svc, owner),
 	}
 	if r.apis.inferencePool {
-		errs = append(errs, remove(ctx, r, svc, &igwapiv1.InferencePool{ObjectMeta: metav1.ObjectMeta{Name: poolName(svc), Namespace: ns}}))
+		errs = append(errs, remove(ctx, r, owner, &igwapiv1.InferencePool{ObjectMeta: metav1.ObjectMeta{Name: poolName(svc), Namespace: ns}}))
 	}
 	return errors.Join(errs...)
 }

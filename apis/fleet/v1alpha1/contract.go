@@ -45,6 +45,18 @@ const (
 	// or Parent) on a copy; the hub writes it into the peer directories.
 	FederationModeAnnotation = "fleet.fleetinfer.io/federation-mode"
 
+	// ImportControllerName is the spoke's entry in an InferencePoolImport's
+	// status.controllers: the import controller, which routes the import in
+	// a cluster that runs none of the pool's pods (the hub's export
+	// controller keeps its own entry, with the exporting clusters). An
+	// import that carries it asks the hub to federate the cluster's picker
+	// for the pool as a subscriber. The hub then labels the import with
+	// the service it belongs to (app.kubernetes.io/name) and annotates it
+	// with FederationClusterAnnotation, and publishes the picker's peer
+	// directory and certificate next to it, owned by it, under the
+	// service's names (PeerDirectoryName, FederationTLSName).
+	ImportControllerName = "fleet.fleetinfer.io/import-controller"
+
 	// PeerDirectoryKey is the key of the peer directory in its ConfigMap.
 	PeerDirectoryKey = "peers.yaml"
 	// FederationPort is the default federation gRPC port of the endpoint

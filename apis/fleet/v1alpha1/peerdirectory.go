@@ -37,8 +37,9 @@ type Peer struct {
 	// Pool limits the entry to the pickers of one InferencePool; without it
 	// the entry applies to every pool.
 	Pool *PoolRef `json:"pool,omitempty"`
-	// FederationAddress is host:port of the peer picker's federation server.
-	FederationAddress string `json:"federationAddress"`
+	// FederationAddress is host:port of the peer picker's federation server;
+	// empty only for a SubscribeOnly peer.
+	FederationAddress string `json:"federationAddress,omitempty"`
 	// GatewayAddress is host:port of the peer cluster's inference gateway,
 	// needed for Parent mode.
 	GatewayAddress string `json:"gatewayAddress,omitempty"`
@@ -49,6 +50,12 @@ type Peer struct {
 	// Mode overrides the picker's default mode (--federation-mode) for this
 	// peer: Endpoint or Parent.
 	Mode FederationMode `json:"mode,omitempty"`
+	// SubscribeOnly marks a peer that only subscribes: the picker of a
+	// cluster that imports the pool (an InferencePoolImport) and runs none
+	// of its pods. Pickers admit its identity, to their federation servers
+	// and behind its Parent-mode marks, but never dial it or send it
+	// requests, so it has no address and no mode.
+	SubscribeOnly bool `json:"subscribeOnly,omitempty"`
 }
 
 // PoolRef names an InferencePool; the same namespace and name identify it in
@@ -117,6 +124,15 @@ func (p Peer) Validate() error {
 	if p.Pool != nil && (p.Pool.Namespace == "" || p.Pool.Name == "") {
 		return errors.New("pool needs a namespace and a name")
 	}
+	if p.Identity == "" {
+		return errors.New("identity is required: peers authenticate each other by it")
+	}
+	if p.SubscribeOnly {
+		if p.FederationAddress != "" || p.GatewayAddress != "" || p.Mode != "" {
+			return errors.New("a subscribeOnly peer is never dialled: it has no federationAddress, gatewayAddress or mode")
+		}
+		return nil
+	}
 	if err := validHostPort(p.FederationAddress); err != nil {
 		return fmt.Errorf("federationAddress: %w", err)
 	}
@@ -124,9 +140,6 @@ func (p Peer) Validate() error {
 		if err := validHostPort(p.GatewayAddress); err != nil {
 			return fmt.Errorf("gatewayAddress: %w", err)
 		}
-	}
-	if p.Identity == "" {
-		return errors.New("identity is required: peers authenticate each other by it")
 	}
 	if p.Mode != "" {
 		if _, err := ParsePeerMode(string(p.Mode)); err != nil {

@@ -19,6 +19,11 @@ func TestParsePeerDirectoryValidatesEntries(t *testing.T) {
 		{"bad address", `peers: [{cluster: west, federationAddress: "nowhere", identity: x}]`, "federationAddress"},
 		{"bad cluster name", `peers: [{cluster: West_1, federationAddress: "a:1", identity: x}]`, "cluster"},
 		{"duplicate", `peers: [{cluster: w, federationAddress: "a:1", identity: x}, {cluster: w, federationAddress: "b:1", identity: y}]`, "twice"},
+		{"subscribe-only", `peers: [{cluster: edge, identity: x, subscribeOnly: true}]`, ""},
+		{"subscribe-only with an address", `peers: [{cluster: edge, federationAddress: "a:1", identity: x, subscribeOnly: true}]`, "never dialled"},
+		{"subscribe-only with a mode", `peers: [{cluster: edge, identity: x, subscribeOnly: true, mode: Parent}]`, "never dialled"},
+		{"subscribe-only without identity", `peers: [{cluster: edge, subscribeOnly: true}]`, "identity is required"},
+		{"no address", `peers: [{cluster: west, identity: x}]`, "federationAddress"},
 		{"unknown field", `peers: [{cluster: w, federationAddres: "a:1", identity: x}]`, "unknown field"},
 	}
 	for _, tc := range tests {
