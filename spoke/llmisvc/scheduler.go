@@ -70,7 +70,7 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 		ObjectMeta: metav1.ObjectMeta{Name: rt.eppSvc, Namespace: svc.Namespace, Labels: eppLabels},
 		Spec:       corev1.ServiceSpec{Selector: eppLabels, Ports: eppServicePorts(tmpl, pool)},
 	}
-	errs = append(errs, ensure(ctx, r, svc, epp, syncService))
+	errs = append(errs, ensure(ctx, r, svc, epp, syncService), r.reconcileFederationService(ctx, svc, tmpl))
 
 	want := &igwapiv1.InferencePool{
 		ObjectMeta: metav1.ObjectMeta{Name: poolName(svc), Namespace: svc.Namespace, Labels: selectorLabels(svc)},
@@ -271,6 +271,7 @@ func (r *Reconciler) removeScheduler(ctx context.Context, svc *v1alpha2.LLMInfer
 	errs := []error{
 		remove(ctx, r, svc, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: schedulerName(svc), Namespace: ns}}),
 		remove(ctx, r, svc, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: eppServiceName(svc), Namespace: ns}}),
+		r.removeFederationService(ctx, svc),
 		remove(ctx, r, svc, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: eppSAName(svc), Namespace: ns}}),
 		remove(ctx, r, svc, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: eppRoleName(svc), Namespace: ns}}),
 		remove(ctx, r, svc, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppBindingName(svc), Namespace: ns}}),
