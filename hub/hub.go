@@ -122,7 +122,8 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	if err := (&placement.StatusReconciler{Hub: local.GetClient()}).SetupWithManager(mgr); err != nil {
+	placementStatus := &placement.StatusReconciler{Hub: local.GetClient(), Clusters: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub")}
+	if err := placementStatus.SetupWithManager(ctx, mgr, inv, opts.Namespace); err != nil {
 		return err
 	}
 	if err := (&export.Reconciler{Clusters: inv}).SetupWithManager(ctx, mgr, inv); err != nil {
@@ -132,7 +133,7 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 		CA: &ca.Authority{Client: local.GetClient(), Reader: local.GetAPIReader(),
 			Secret: client.ObjectKey{Namespace: opts.Namespace, Name: opts.FederationCASecret}, Overlap: opts.FederationCAOverlap},
 		Opts: federation.Options{TrustDomain: opts.TrustDomain, Workers: opts.Workers}}
-	if err := fed.SetupWithManager(ctx, mgr, inv); err != nil {
+	if err := fed.SetupWithManager(ctx, mgr, inv, opts.Namespace); err != nil {
 		return err
 	}
 	return local.Add(r.OrphanCollector(opts.OrphanInterval))

@@ -25,6 +25,9 @@ func main() {
 	flag.StringVar(&gateway, "default-gateway", "fleetinfer-system/inference-gateway", "namespace/name of the Gateway for `router.gateway: {}`.")
 	flag.BoolVar(&opts.Global.EnableTLS, "enable-tls", false, "Serve model servers and the endpoint picker over TLS (presets read it as .GlobalConfig.EnableTLS).")
 	flag.StringVar(&opts.Global.ModelBasedRoutingHeaderName, "model-routing-header", "X-Gateway-Model-Name", "Header the route preset matches for model-based routing.")
+	federationAddress := flag.String("federation-address", string(llmisvc.FederationAddressLoadBalancer),
+		"Address a federated endpoint picker is reported at for other clusters: LoadBalancer (a Service of type LoadBalancer per federated service) "+
+			"or PodIP (the ready picker pod's IP, for a cluster without a load-balancer controller whose pod network other clusters reach).")
 	flag.Parse()
 	log := mf.Logger()
 	ctrl.SetLogger(log)
@@ -35,6 +38,12 @@ func main() {
 		os.Exit(2)
 	}
 	opts.Global.IngressGatewayNamespace, opts.Global.IngressGatewayName = ns, name
+	fa, err := llmisvc.ParseFederationAddress(*federationAddress)
+	if err != nil {
+		log.Error(err, "--federation-address")
+		os.Exit(2)
+	}
+	opts.FederationAddress = fa
 	opts.Global.SystemNamespace = opts.SystemNamespace
 
 	ctx := ctrl.SetupSignalHandler()

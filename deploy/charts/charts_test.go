@@ -167,7 +167,7 @@ func TestDefaultValuesInstallControllerRBACCRDsAndTheControllersOwnPresets(t *te
 	}
 	for _, want := range []string{"--system-namespace=" + namespace, "--install-presets=false", "--preset-prefix=kserve-",
 		"--default-gateway=" + namespace + "/inference-gateway", "--leader-elect=false", "--metrics-bind-address=:8080",
-		"--health-probe-bind-address=:8081"} {
+		"--health-probe-bind-address=:8081", "--federation-address=LoadBalancer"} {
 		if !slices.Contains(c.Args, want) {
 			t.Errorf("args %v lack %s", c.Args, want)
 		}
@@ -256,6 +256,15 @@ func TestNonDefaultValues(t *testing.T) {
 			values: "leaderElection: {enabled: true}",
 			check: func(t *testing.T, r rendered) {
 				if !slices.Contains(r.args(t), "--leader-elect=true") {
+					t.Errorf("args %v", r.args(t))
+				}
+			},
+		},
+		{
+			name:   "a cluster whose pod network others reach reports pickers at their pod IPs",
+			values: "controller: {federationAddress: PodIP}",
+			check: func(t *testing.T, r rendered) {
+				if !slices.Contains(r.args(t), "--federation-address=PodIP") {
 					t.Errorf("args %v", r.args(t))
 				}
 			},
@@ -417,6 +426,7 @@ func TestInvalidValuesAreRejected(t *testing.T) {
 		{"negative replicas", "replicas: -1", "/replicas", nil},
 		{"pull policy", "image: {pullPolicy: Sometimes}", "/image/pullPolicy", nil},
 		{"gateway not namespace/name", "controller: {defaultGateway: gw}", "/controller/defaultGateway", nil},
+		{"unknown federation address", "controller: {federationAddress: NodePort}", "/controller/federationAddress", nil},
 		{"unknown preset source", "presets: {source: hub}", "/presets/source", nil},
 		{"EPP flag without dashes", "epp: {extraArgs: [verbose]}", "/epp/extraArgs/0", nil},
 		{"federation without a cluster name", "federation: {enabled: true}", "/federation/clusterName", nil},

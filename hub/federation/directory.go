@@ -14,19 +14,15 @@ import (
 )
 
 // peer is the directory entry of one cluster's picker, built from what its
-// copy reports, or nil while it cannot be reached.
+// copy reports, or nil while it cannot be reached. Its mode depends on the
+// cluster of the directory it goes into (peersOf).
 func (r *Reconciler) peer(ctx context.Context, svc *v1alpha2.LLMInferenceService, cluster string, cp *v1alpha2.LLMInferenceService) *fleetv1alpha1.Peer {
 	st := cp.Status.Federation
 	if st == nil || st.PickerAddress == "" {
 		return nil
 	}
 	p := &fleetv1alpha1.Peer{Cluster: cluster, FederationAddress: st.PickerAddress, GatewayAddress: st.GatewayAddress,
-		Identity: r.identity(cluster, svc), Mode: fleetv1alpha1.FederationMode(cp.Annotations[fleetv1alpha1.FederationModeAnnotation])}
-	if p.Mode == fleetv1alpha1.FederationParent && p.GatewayAddress == "" {
-		r.Recorder.Eventf(svc, corev1.EventTypeWarning, ReasonGatewayUnknown,
-			"Cluster %s is left out of the peer directories: Parent mode needs the address of its gateway, which its copy does not report", cluster)
-		return nil
-	}
+		Identity: r.identity(cluster, svc)}
 	// The addresses come from the spoke; one it got wrong must not make
 	// every other cluster's picker refuse its whole directory.
 	if err := p.Validate(); err != nil {
@@ -36,21 +32,49 @@ func (r *Reconciler) peer(ctx context.Context, svc *v1alpha2.LLMInferenceService
 	return p
 }
 
+// peersOf lists the peers in m's directory: every other member whose
+// picker can be reached, each in the mode the placement asks for where the
+// two clusters share a pod network, else in Parent mode
+// (fleetv1alpha1.PeerMode): a pod address that is not routed from m's
+// cluster would only fail. A peer to be reached in Parent mode that reports
+// no gateway is left out and named in noGateway.
+//
+// An importer (importers.go) reaches the exporters in Parent mode only: its
+// picker has no pods to serve a pick itself, and its own gateway is where
+// its requests enter. It is listed in the exporters' directories as a
+// subscriber only, and importers do not list each other.
+func peersOf(m member, members []member) (peers []fleetv1alpha1.Peer, noGateway []string) {
+	asked := fleetv1alpha1.FederationParent
+	if m.copy != nil {
+		asked = fleetv1alpha1.FederationMode(m.copy.Annotations[fleetv1alpha1.FederationModeAnnotation])
+	}
+	peers = []fleetv1alpha1.Peer{}
+	for _, o := range members {
+		if o.cluster.Name == m.cluster.Name || o.peer == nil || (m.importer != nil && o.importer != nil) {
+			continue
+		}
+		p := *o.peer
+		if !p.SubscribeOnly {
+			p.Mode = fleetv1alpha1.PeerMode(asked, m.cluster.Labels, o.cluster.Labels)
+			if p.Mode == fleetv1alpha1.FederationParent && p.GatewayAddress == "" {
+				noGateway = append(noGateway, o.cluster.Name)
+				continue
+			}
+		}
+		peers = append(peers, p)
+	}
+	return peers, noGateway
+}
+
 // identity is the URI SAN of a picker's certificate: one per service per
 // cluster, so a picker can speak only for its own pool and cluster.
 func (r *Reconciler) identity(cluster string, svc *v1alpha2.LLMInferenceService) string {
 	return fmt.Sprintf("spiffe://%s/cluster/%s/ns/%s/llminferenceservice/%s", r.Opts.TrustDomain, cluster, svc.Namespace, svc.Name)
 }
 
-// ensureDirectory writes the peer directory of m: every other member whose
-// picker can be reached (m.sees).
-func (r *Reconciler) ensureDirectory(ctx context.Context, svc *v1alpha2.LLMInferenceService, m member, members []member) error {
-	dir := fleetv1alpha1.PeerDirectory{Peers: []fleetv1alpha1.Peer{}}
-	for _, o := range members {
-		if p := m.sees(o); p != nil {
-			dir.Peers = append(dir.Peers, *p)
-		}
-	}
+// ensureDirectory writes the peer directory of m (peersOf).
+func (r *Reconciler) ensureDirectory(ctx context.Context, svc *v1alpha2.LLMInferenceService, m member, peers []fleetv1alpha1.Peer) error {
+	dir := fleetv1alpha1.PeerDirectory{Peers: peers}
 	data, err := yaml.Marshal(dir)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -87,8 +88,9 @@ type member struct {
 	copy    *v1alpha2.LLMInferenceService
 	// importer is the import of an importing cluster, which has no copy.
 	importer *igwapixv1alpha1.InferencePoolImport
-	// peer is how the others reach its picker; nil until the copy reports
-	// its picker's address (and, in Parent mode, its gateway's).
+	// peer is how the others reach its picker, without the mode, which
+	// depends on the pair of clusters (peersOf); nil until the copy reports
+	// its picker's address.
 	peer *fleetv1alpha1.Peer
 }
 
@@ -114,6 +116,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		}
 	}
 	var renew time.Time
+	noGateway := map[string]bool{}
 	for _, m := range members {
 		if !m.cluster.Available() {
 			continue
@@ -129,9 +132,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		} else if !at.IsZero() && (renew.IsZero() || at.Before(renew)) {
 			renew = at
 		}
-		if err := r.ensureDirectory(ctx, svc, m, members); err != nil {
+		peers, left := peersOf(m, members)
+		for _, c := range left {
+			noGateway[c] = true
+		}
+		if err := r.ensureDirectory(ctx, svc, m, peers); err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: peer directory: %w", m.cluster.Name, err))
 		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(noGateway)) {
+		r.Recorder.Eventf(svc, corev1.EventTypeWarning, ReasonGatewayUnknown,
+			"Cluster %s is left out of the peer directories that reach it in Parent mode: Parent mode needs the address of its gateway, which its copy does not report", c)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err

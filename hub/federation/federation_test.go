@@ -58,11 +58,14 @@ type spoke struct {
 	name   string
 	api    client.WithWatch
 	writes []string
+	// podNetwork is the cluster's pod-network label: every spoke shares
+	// one unless a test says otherwise ("" for none).
+	podNetwork string
 }
 
 func newSpoke(t *testing.T, name string, objs ...client.Object) *spoke {
 	t.Helper()
-	return &spoke{name: name, api: fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()}
+	return &spoke{name: name, api: fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build(), podNetwork: "flat"}
 }
 
 func (s *spoke) cluster() inventory.Cluster {
@@ -83,7 +86,8 @@ func (s *spoke) cluster() inventory.Cluster {
 		return nil
 	}
 	cached := interceptor.NewClient(s.api, funcs)
-	return inventory.Cluster{Name: s.name, Client: cached, Reader: s.api}
+	return inventory.Cluster{Name: s.name, Client: cached, Reader: s.api,
+		Labels: map[string]string{"name": s.name, fleetv1alpha1.PodNetworkLabel: s.podNetwork}}
 }
 
 // copyOf is the hub's copy of the service in a cluster, federated in mode,
@@ -242,6 +246,8 @@ func TestDirectoriesListWhatTheOtherCopiesReport(t *testing.T) {
 		want   map[string][]string
 		// events must each be recorded (every part of one Event).
 		events [][]string
+		// podNetworks overrides the clusters' shared pod network.
+		podNetworks map[string]string
 	}{{
 		name: "every copy reports its picker",
 		copies: []*v1alpha2.LLMInferenceService{
@@ -281,6 +287,31 @@ func TestDirectoriesListWhatTheOtherCopiesReport(t *testing.T) {
 		},
 		events: [][]string{{"Warning", ReasonGatewayUnknown, "Cluster central", "its copy does not report"}},
 	}, {
+		name: "Endpoint mode is used only between clusters that share a pod network, Parent mode between the others",
+		copies: []*v1alpha2.LLMInferenceService{
+			copyOf("east", endpoint, reports("10.0.1.1:9004", "192.0.2.1:15080")),
+			copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
+			copyOf("central", endpoint, reports("10.0.3.1:9004", "192.0.2.3:15080")),
+		},
+		podNetworks: map[string]string{"east": "mesh", "west": "mesh", "central": ""},
+		want: map[string][]string{
+			"east":    {"central 10.0.3.1:9004 192.0.2.3:15080 Parent", "west 10.0.2.1:9004  Endpoint"},
+			"west":    {"central 10.0.3.1:9004 192.0.2.3:15080 Parent", "east 10.0.1.1:9004 192.0.2.1:15080 Endpoint"},
+			"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
+		},
+		events: [][]string{{"Warning", ReasonGatewayUnknown, "Cluster west", "Parent mode needs the address of its gateway"}},
+	}, {
+		name: "different pod networks do not reach each other",
+		copies: []*v1alpha2.LLMInferenceService{
+			copyOf("east", endpoint, reports("10.0.1.1:9004", "192.0.2.1:15080")),
+			copyOf("west", endpoint, reports("10.0.2.1:9004", "192.0.2.2:15080")),
+		},
+		podNetworks: map[string]string{"east": "mesh-a", "west": "mesh-b"},
+		want: map[string][]string{
+			"east": {"west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+			"west": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
+		},
+	}, {
 		name: "an address that does not parse is left out",
 		copies: []*v1alpha2.LLMInferenceService{
 			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
@@ -318,6 +349,11 @@ func TestDirectoriesListWhatTheOtherCopiesReport(t *testing.T) {
 			spokes := []*spoke{newSpoke(t, "east"), newSpoke(t, "west"), newSpoke(t, "central")}
 			for i, cp := range tc.copies {
 				spokes[i] = newSpoke(t, spokes[i].name, cp)
+			}
+			for _, s := range spokes {
+				if n, ok := tc.podNetworks[s.name]; ok {
+					s.podNetwork = n
+				}
 			}
 			f := newFixture(t, spokes...)
 			events := f.reconcile(t)

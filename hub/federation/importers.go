@@ -102,25 +102,6 @@ func (r *Reconciler) markImport(ctx context.Context, svc *v1alpha2.LLMInferenceS
 	})
 }
 
-// sees is o's entry in m's peer directory, nil when m lists no entry for
-// o: itself, a picker not reachable yet, and between importers, which have
-// nothing to give each other. An importer reaches the others in Parent
-// mode, so only those with a gateway.
-func (m member) sees(o member) *fleetv1alpha1.Peer {
-	if o.cluster.Name == m.cluster.Name || o.peer == nil || (m.importer != nil && o.importer != nil) {
-		return nil
-	}
-	if m.importer == nil {
-		return o.peer
-	}
-	if o.peer.GatewayAddress == "" {
-		return nil
-	}
-	p := *o.peer
-	p.Mode = fleetv1alpha1.FederationParent
-	return &p
-}
-
 // ownerRef is the owner of what the hub publishes for m's picker: the copy,
 // or an importer's import. Neither blocks its owner's deletion.
 func (m member) ownerRef() metav1.OwnerReference {

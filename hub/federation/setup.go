@@ -33,10 +33,12 @@ func SpokeCache() map[client.Object]cache.ByObject {
 
 // SetupWithManager registers the reconciler. A service is reconciled when it
 // or its copies change (a copy's status carries its picker's and gateway's
-// addresses), when a published object changes, when the CA changes, and
-// when inv reports clusters coming, going, failing or recovering.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
-	return mcbuilder.ControllerManagedBy(mgr).
+// addresses), when a published object changes, when the CA changes, when
+// inv reports clusters coming, going, failing or recovering, and when a
+// cluster's registration in ns is relabelled (its pod network decides the
+// mode its peers reach it in).
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory, ns string) error {
+	b := mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-federation").
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{MaxConcurrentReconciles: r.Opts.Workers}).
 		For(&v1alpha2.LLMInferenceService{}, watch.ForHub...).
@@ -50,8 +52,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 			})))...).
 		WatchesRawSource(watch.ClusterChanges(ctx, inv, 0, func(ctx context.Context) []client.ObjectKey {
 			return watch.Keys(ctx, r.Hub, &v1alpha2.LLMInferenceServiceList{}, "")
-		})).
-		Complete(r)
+		}))
+	return watch.Registrations(b, mgr, ns, r.allServices).Complete(r)
 }
 
 // toOwner maps a published object to the service it was published for:

@@ -7,9 +7,11 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -20,17 +22,24 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
 // +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=inferenceplacements,verbs=get;list;watch
 // +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=inferenceplacements/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=serving.kserve.io,resources=llminferenceservices,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // StatusReconciler summarizes, on each InferencePlacement, the decisions
 // the hub made for the services it selects, as each service's status
-// reports them.
+// reports them, and whether their pickers can use the Endpoint mode it asks
+// for (the EndpointMode condition, from the clusters' registration labels).
 type StatusReconciler struct {
-	Hub client.Client
+	Hub      client.Client
+	Clusters inventory.Source
+	// Recorder records an Event on the placement when its EndpointMode
+	// condition changes.
+	Recorder record.EventRecorder
 }
 
 // Reconcile writes one placement's status.
@@ -47,6 +56,7 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req mcreconcile.Reques
 	want.ObservedGeneration = p.Generation
 	want.Services, want.PlacedServices = nil, 0
 	var notReady []string
+	var federated [][]string // the clusters of each service whose pickers federate
 	for i := range list.Items {
 		svc := &list.Items[i]
 		if !Selects(p, svc) {
@@ -67,6 +77,13 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req mcreconcile.Reques
 			}
 		}
 		want.Services = append(want.Services, d)
+		if rt := svc.Spec.Router; rt != nil && rt.Scheduler != nil {
+			var names []string
+			for _, c := range d.Clusters {
+				names = append(names, c.Name)
+			}
+			federated = append(federated, names)
+		}
 		if !svc.Status.IsTrue(v1alpha2.Ready) {
 			notReady = append(notReady, svc.Name)
 		}
@@ -82,10 +99,16 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req mcreconcile.Reques
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "ServicesNotReady", "not ready: "+strings.Join(notReady, ", ")
 	}
 	meta.SetStatusCondition(&want.Conditions, cond)
+	endpoint := r.endpointMode(ctx, p, federated)
+	if endpoint != nil {
+		meta.SetStatusCondition(&want.Conditions, *endpoint)
+	} else {
+		meta.RemoveStatusCondition(&want.Conditions, ConditionEndpointMode)
+	}
 	if equality.Semantic.DeepEqual(&p.Status, want) {
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{}, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur := &fleetv1alpha1.InferencePlacement{}
 		if err := r.Hub.Get(ctx, req.NamespacedName, cur); err != nil {
 			return client.IgnoreNotFound(err)
@@ -93,19 +116,61 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req mcreconcile.Reques
 		cur.Status = *want
 		return r.Hub.Status().Update(ctx, cur)
 	})
+	if err == nil {
+		r.recordEndpointMode(p, meta.FindStatusCondition(p.Status.Conditions, ConditionEndpointMode), endpoint)
+	}
+	return ctrl.Result{}, err
 }
 
-// SetupWithManager registers the reconciler on the hub.
-func (r *StatusReconciler) SetupWithManager(mgr mcmanager.Manager) error {
-	return mcbuilder.ControllerManagedBy(mgr).
+// endpointMode is the placement's EndpointMode condition
+// (endpointModeCondition), nil when it does not ask for Endpoint mode.
+func (r *StatusReconciler) endpointMode(ctx context.Context, p *fleetv1alpha1.InferencePlacement, federated [][]string) *metav1.Condition {
+	mode := FederationMode(p)
+	if mode != fleetv1alpha1.FederationEndpoint {
+		return nil
+	}
+	labels := map[string]map[string]string{}
+	for _, c := range r.Clusters.Clusters(ctx) {
+		labels[c.Name] = c.Labels
+	}
+	cond := endpointModeCondition(mode, federated, labels)
+	cond.ObservedGeneration = p.Generation
+	return cond
+}
+
+// recordEndpointMode records an Event when the EndpointMode condition
+// turns up or changes what it says.
+func (r *StatusReconciler) recordEndpointMode(p *fleetv1alpha1.InferencePlacement, was, is *metav1.Condition) {
+	if is == nil || (was != nil && was.Status == is.Status && was.Reason == is.Reason && was.Message == is.Message) {
+		return
+	}
+	kind := corev1.EventTypeNormal
+	if is.Status != metav1.ConditionTrue {
+		kind = corev1.EventTypeWarning
+	}
+	r.Recorder.Event(p, kind, is.Reason, is.Message)
+}
+
+// SetupWithManager registers the reconciler on the hub. Clusters joining,
+// leaving or relabelled (their registrations in ns) re-run every placement:
+// the EndpointMode condition reads their labels.
+func (r *StatusReconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory, ns string) error {
+	b := mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-inferenceplacement-status").
 		For(&fleetv1alpha1.InferencePlacement{}, watch.ForHub...).
 		// One placement may select hundreds of services: a second's worth of
 		// their changes becomes one status write.
 		Watches(&v1alpha2.LLMInferenceService{}, watch.MapCoalesced(time.Second, r.placementsOfService), watch.OnHub...).
-		Complete(r)
+		WatchesRawSource(watch.ClusterChanges(ctx, inv, 0, func(ctx context.Context) []client.ObjectKey {
+			return watch.Keys(ctx, r.Hub, &fleetv1alpha1.InferencePlacementList{}, "")
+		}))
+	return watch.Registrations(b, mgr, ns, r.allPlacements).Complete(r)
 }
 
 func (r *StatusReconciler) placementsOfService(ctx context.Context, o client.Object) []mcreconcile.Request {
 	return watch.Requests(ctx, r.Hub, &fleetv1alpha1.InferencePlacementList{}, o.GetNamespace())
+}
+
+func (r *StatusReconciler) allPlacements(ctx context.Context, _ client.Object) []mcreconcile.Request {
+	return watch.Requests(ctx, r.Hub, &fleetv1alpha1.InferencePlacementList{}, "")
 }

@@ -37,6 +37,9 @@ type Options struct {
 	// Global is passed to preset templates; its gateway is the default one
 	// for `router.gateway: {}`.
 	Global GlobalConfig
+	// FederationAddress is which address of a federated picker the copy
+	// reports for other clusters; empty means LoadBalancer.
+	FederationAddress FederationAddress
 }
 
 // Reconciler reconciles LLMInferenceServices.
@@ -47,12 +50,16 @@ type Reconciler struct {
 	// optional APIs (LeaderWorkerSet, InferencePool, Gateway API) found in
 	// the cluster at start-up.
 	apis availableAPIs
-	// pickers holds the endpoint pickers' pods (see watchPickers).
+	// pickers holds the endpoint pickers' pods (see watchPickers); nil
+	// unless federation addresses are pod IPs.
 	pickers client.Reader
 }
 
 // NewReconciler builds a reconciler.
 func NewReconciler(c client.Client, recorder record.EventRecorder, opts Options) *Reconciler {
+	if opts.FederationAddress == "" {
+		opts.FederationAddress = FederationAddressLoadBalancer
+	}
 	return &Reconciler{Client: c, opts: opts, recorder: recorder}
 }
 

@@ -82,8 +82,9 @@ func federates(svc *v1alpha2.LLMInferenceService) bool {
 }
 
 // reportFederation sets status.federation of a copy that federates: where
-// other clusters reach its endpoint picker's federation server and, in
-// Parent mode, its Gateway (peerGateway); each "" while unknown. The hub
+// other clusters reach its endpoint picker's federation server
+// (pickerFederationAddress) and, in Parent mode, its Gateway (peerGateway);
+// each "" while unknown. The hub
 // publishes both in the peer directories. A copy that does not federate has
 // none. When the picker's pods or the Gateway cannot be read, the previous
 // value stays and the error is returned for a retry.
@@ -93,12 +94,12 @@ func (r *Reconciler) reportFederation(ctx context.Context, svc *v1alpha2.LLMInfe
 		return nil
 	}
 	fs := &v1alpha2.FederationStatus{}
-	if rt.eppSvc != "" && r.pickers != nil {
-		var pods corev1.PodList
-		if err := r.pickers.List(ctx, &pods, client.InNamespace(svc.Namespace), client.MatchingLabels(pickerLabels(svc))); err != nil {
+	if rt.eppSvc != "" {
+		addr, err := r.pickerFederationAddress(ctx, svc)
+		if err != nil {
 			return err
 		}
-		fs.PickerAddress = pickerAddress(pods.Items)
+		fs.PickerAddress = addr
 	}
 	if k := r.peerGateway(rt); k.Name != "" && r.apis.gateway {
 		gw := &gwapiv1.Gateway{}
@@ -114,6 +115,23 @@ func (r *Reconciler) reportFederation(ctx context.Context, svc *v1alpha2.LLMInfe
 	return nil
 }
 
+// pickerFederationAddress is where other clusters reach the federation
+// server of the service's managed picker, as --federation-address says: the
+// load balancer in front of it, or its ready pod's IP.
+func (r *Reconciler) pickerFederationAddress(ctx context.Context, svc *v1alpha2.LLMInferenceService) (string, error) {
+	if r.opts.FederationAddress == FederationAddressLoadBalancer {
+		return r.loadBalancedPickerAddress(ctx, svc)
+	}
+	if r.pickers == nil {
+		return "", nil
+	}
+	var pods corev1.PodList
+	if err := r.pickers.List(ctx, &pods, client.InNamespace(svc.Namespace), client.MatchingLabels(pickerLabels(svc))); err != nil {
+		return "", err
+	}
+	return pickerAddress(pods.Items), nil
+}
+
 // peerGateway is the Gateway that receives the service's requests from
 // other clusters: the first one the service routes through, else the
 // cluster's default Gateway (--default-gateway), which serves pools that no
@@ -126,8 +144,8 @@ func (r *Reconciler) peerGateway(rt *routing) client.ObjectKey {
 }
 
 // pickerAddress is ip:port of the federation server of the first ready
-// picker pod by name (with leader election only the leader is ready): its
-// container port named "federation", else the default federation port.
+// picker pod by name (with leader election only the leader is ready), for
+// --federation-address=PodIP.
 func pickerAddress(pods []corev1.Pod) string {
 	pods = slices.Clone(pods)
 	slices.SortFunc(pods, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
@@ -135,14 +153,7 @@ func pickerAddress(pods []corev1.Pod) string {
 		if p.Status.PodIP == "" || !p.DeletionTimestamp.IsZero() || !podutils.IsPodReady(&p) {
 			continue
 		}
-		port := int32(fleetv1alpha1.FederationPort)
-		for _, c := range p.Spec.Containers {
-			if i := slices.IndexFunc(c.Ports, func(cp corev1.ContainerPort) bool { return cp.Name == fleetv1alpha1.FederationPortName }); i >= 0 {
-				port = c.Ports[i].ContainerPort
-				break
-			}
-		}
-		return net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port)))
+		return net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(federationContainerPort(p.Spec.Containers))))
 	}
 	return ""
 }
@@ -158,7 +169,8 @@ func gatewayAddress(gw *gwapiv1.Gateway) string {
 }
 
 // watchPickers gives the controller a cache of endpoint-picker pods, which
-// reportFederation reads, and a watch on them. The manager's cache cannot
+// reportFederation reads with --federation-address=PodIP, and a watch on
+// them. The manager's cache cannot
 // serve: it keeps every pod stripped to what the capacity report reads
 // (capacity.CacheOptions), without labels, IP or conditions. This cache
 // holds only picker pods, selected by the API server, in full. Watching the

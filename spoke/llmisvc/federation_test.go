@@ -139,3 +139,47 @@ func TestGatewayAddress(t *testing.T) {
 		})
 	}
 }
+
+func TestLoadBalancerAddress(t *testing.T) {
+	lb := func(port int32, ingress ...corev1.LoadBalancerIngress) *corev1.Service {
+		s := &corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer,
+			Ports: []corev1.ServicePort{{Name: "metrics", Port: 9090}, {Name: "federation", Port: port}}}}
+		s.Status.LoadBalancer.Ingress = ingress
+		return s
+	}
+	cases := []struct {
+		name string
+		svc  *corev1.Service
+		want string
+	}{
+		{"no address yet", lb(9004), ""},
+		{"an ingress with neither IP nor hostname", lb(9004, corev1.LoadBalancerIngress{}), ""},
+		{"IP with the Service's federation port", lb(19004, corev1.LoadBalancerIngress{IP: "127.0.2.1"}), "127.0.2.1:19004"},
+		{"hostname", lb(9004, corev1.LoadBalancerIngress{Hostname: "lb.east.example"}), "lb.east.example:9004"},
+		{"IP before hostname", lb(9004, corev1.LoadBalancerIngress{IP: "127.0.2.1", Hostname: "lb.east.example"}), "127.0.2.1:9004"},
+		{"first ingress", lb(9004, corev1.LoadBalancerIngress{IP: "127.0.2.1"}, corev1.LoadBalancerIngress{IP: "127.0.2.2"}), "127.0.2.1:9004"},
+		{"IPv6", lb(9004, corev1.LoadBalancerIngress{IP: "fd00::7"}), "[fd00::7]:9004"},
+		{"no federation port", &corev1.Service{Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{
+			Ingress: []corev1.LoadBalancerIngress{{IP: "127.0.2.1"}}}}}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := loadBalancerAddress(tc.svc); got != tc.want {
+				t.Errorf("loadBalancerAddress = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseFederationAddress(t *testing.T) {
+	for in, want := range map[string]FederationAddress{"LoadBalancer": FederationAddressLoadBalancer, "podip": FederationAddressPodIP, "PodIP": FederationAddressPodIP} {
+		if got, err := ParseFederationAddress(in); err != nil || got != want {
+			t.Errorf("ParseFederationAddress(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "NodePort", "pod"} {
+		if _, err := ParseFederationAddress(in); err == nil {
+			t.Errorf("ParseFederationAddress(%q) accepted it", in)
+		}
+	}
+}

@@ -22,6 +22,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/spoke/llmisvc"
 )
 
 const singleNode = `
@@ -744,11 +745,14 @@ func TestForeignObjectIsNotTakenOver(t *testing.T) {
 	}
 }
 
-// A copy the hub placed with federation on reports where other clusters
-// reach its picker and Gateway, following the picker's ready pod (not its
-// Deployment, whose status a leader handover may leave unchanged) and the
-// Gateway's address; without federation it reports nothing.
-func TestFederatedCopyReportsPickerAndGatewayAddresses(t *testing.T) {
+// A copy the hub placed with federation on exposes its picker's federation
+// port through a Service of type LoadBalancer and reports where other
+// clusters reach it: the load balancer's address, as the cluster's
+// load-balancer controller sets it (this suite plays that controller), and
+// the Gateway's address. Until the load balancer has an address the copy
+// reports none and says why in an Event; without federation it reports
+// nothing and the Service goes.
+func TestFederatedCopyReportsLoadBalancerAndGatewayAddresses(t *testing.T) {
 	ctx := context.Background()
 	ns := testutil.NewNamespace(t, c)
 	svc := service(t, ns, fmt.Sprintf(`
@@ -777,34 +781,43 @@ spec:
 	programmedGateway(t, "fed-gateway")
 	federation(&v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:8080"})
 
-	// The picker's pod, as the Deployment controller and kubelet would make
-	// it; its federation port is the one the controller added.
+	// The Service selects the picker's pods and sends the federation port to
+	// the picker container's.
 	epp := &appsv1.Deployment{}
 	get(t, key(ns, "fed-kserve-router-scheduler"), epp)
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "fed-kserve-router-scheduler-0", Namespace: ns, Labels: epp.Spec.Template.Labels},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{*container(epp.Spec.Template.Spec, "main")}, AutomountServiceAccountToken: ptr.To(false)}}
-	pod.Spec.Containers[0].VolumeMounts = nil
-	testutil.Eventually(t, waitTimeout, "picker pod", func(ctx context.Context) error {
-		return client.IgnoreAlreadyExists(c.Create(ctx, pod))
+	lb := &corev1.Service{}
+	get(t, key(ns, fleetv1alpha1.FederationServiceName("fed")), lb)
+	fedPort := slices.IndexFunc(container(epp.Spec.Template.Spec, "main").Ports, func(p corev1.ContainerPort) bool { return p.Name == "federation" })
+	if lb.Spec.Type != corev1.ServiceTypeLoadBalancer || !metav1.IsControlledBy(lb, svc) || fedPort < 0 ||
+		!equality.Semantic.DeepEqual(lb.Spec.Selector, epp.Spec.Selector.MatchLabels) || !equality.Semantic.DeepEqual(lb.Labels, epp.Labels) ||
+		len(lb.Spec.Ports) != 1 || lb.Spec.Ports[0].Name != "federation" || lb.Spec.Ports[0].Port != 9004 ||
+		lb.Spec.Ports[0].TargetPort.IntValue() != int(container(epp.Spec.Template.Spec, "main").Ports[fedPort].ContainerPort) {
+		t.Fatalf("federation Service %+v, owners %v; want a LoadBalancer controlled by the copy, selecting the picker's pods, port federation 9004 to the picker's", lb.Spec, lb.OwnerReferences)
+	}
+	testutil.Eventually(t, waitTimeout, "FederationAddressPending event", func(ctx context.Context) error {
+		reasons, err := events(ctx, ns, "fed")
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(reasons, llmisvc.ReasonFederationAddressPending) {
+			return fmt.Errorf("events %v", reasons)
+		}
+		return nil
 	})
-	setPod := func(ip string, ready corev1.ConditionStatus) {
+	setIngress := func(in corev1.LoadBalancerIngress) {
 		t.Helper()
-		testutil.Eventually(t, waitTimeout, "picker pod status", func(ctx context.Context) error {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+		testutil.Eventually(t, waitTimeout, "load-balancer status", func(ctx context.Context) error {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(lb), lb); err != nil {
 				return err
 			}
-			pod.Status.PodIP, pod.Status.PodIPs = ip, []corev1.PodIP{{IP: ip}}
-			pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready, LastTransitionTime: metav1.Now()}}
-			return c.Status().Update(ctx, pod)
+			lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{in}
+			return c.Status().Update(ctx, lb)
 		})
 	}
-	setPod("127.0.1.5", corev1.ConditionFalse)
-	federation(&v1alpha2.FederationStatus{GatewayAddress: "127.0.0.9:8080"})
-	setPod("127.0.1.5", corev1.ConditionTrue)
-	federation(&v1alpha2.FederationStatus{PickerAddress: "127.0.1.5:9004", GatewayAddress: "127.0.0.9:8080"})
+	setIngress(corev1.LoadBalancerIngress{IP: "127.0.1.5"})
+	settled := federation(&v1alpha2.FederationStatus{PickerAddress: "127.0.1.5:9004", GatewayAddress: "127.0.0.9:8080"})
 
 	// Settled: nothing more is written.
-	settled := federation(&v1alpha2.FederationStatus{PickerAddress: "127.0.1.5:9004", GatewayAddress: "127.0.0.9:8080"})
 	time.Sleep(2 * time.Second)
 	if err := c.Get(ctx, key(ns, "fed"), svc); err != nil {
 		t.Fatal(err)
@@ -812,6 +825,9 @@ spec:
 	if svc.ResourceVersion != settled.ResourceVersion {
 		t.Errorf("the settled service was written again: resourceVersion %s, then %s", settled.ResourceVersion, svc.ResourceVersion)
 	}
+
+	setIngress(corev1.LoadBalancerIngress{Hostname: "picker.east.example"})
+	federation(&v1alpha2.FederationStatus{PickerAddress: "picker.east.example:9004", GatewayAddress: "127.0.0.9:8080"})
 
 	testutil.Eventually(t, waitTimeout, "federation off", func(ctx context.Context) error {
 		if err := c.Get(ctx, key(ns, "fed"), svc); err != nil {
@@ -821,6 +837,7 @@ spec:
 		return c.Update(ctx, svc)
 	})
 	federation(nil)
+	gone(t, key(ns, fleetv1alpha1.FederationServiceName("fed")), &corev1.Service{})
 }
 
 // A federated copy that names no Gateway is reached through the cluster's

@@ -74,6 +74,11 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 		Spec:       corev1.ServiceSpec{Selector: eppLabels, Ports: eppServicePorts(tmpl, pool)},
 	}
 	errs = append(errs, ensure(ctx, r, owner, epp, syncService))
+	if owner == client.Object(svc) {
+		// Only a copy's picker serves other clusters; an import's only
+		// subscribes (import.go).
+		errs = append(errs, r.reconcileFederationService(ctx, svc, tmpl))
+	}
 
 	want := &igwapiv1.InferencePool{
 		ObjectMeta: metav1.ObjectMeta{Name: poolName(svc), Namespace: svc.Namespace, Labels: selectorLabels(svc)},
@@ -278,6 +283,9 @@ func (r *Reconciler) removeScheduler(ctx context.Context, svc *v1alpha2.LLMInfer
 		remove(ctx, r, owner, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: eppRoleName(svc), Namespace: ns}}),
 		remove(ctx, r, owner, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppBindingName(svc), Namespace: ns}}),
 		r.removeClusterScoped(ctx, svc, owner),
+	}
+	if owner == client.Object(svc) {
+		errs = append(errs, r.removeFederationService(ctx, svc))
 	}
 	if r.apis.inferencePool {
 		errs = append(errs, remove(ctx, r, owner, &igwapiv1.InferencePool{ObjectMeta: metav1.ObjectMeta{Name: poolName(svc), Namespace: ns}}))

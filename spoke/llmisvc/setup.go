@@ -43,24 +43,29 @@ func detectAPIs(m meta.RESTMapper) availableAPIs {
 
 // SetupWithManager registers the reconciler: it owns every namespaced child
 // and maps changes of configs, referenced routes, pools, Gateways, scheduler
-// ConfigMaps and endpoint-picker pods to the services that use them.
+// ConfigMaps and, with --federation-address=PodIP, endpoint-picker pods to the
+// services that use them.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.apis = detectAPIs(mgr.GetRESTMapper())
-	pickers, err := r.watchPickers(mgr)
-	if err != nil {
-		return err
-	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("llminferenceservice").
 		For(&v1alpha2.LLMInferenceService{}).
 		Owns(&appsv1.Deployment{}).
+		// Every change, status included: a federation Service's status
+		// carries the load-balancer address the copy reports.
 		Owns(&corev1.Service{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&rbacv1.Role{}).
 		Owns(&rbacv1.RoleBinding{}).
 		Watches(&v1alpha2.LLMInferenceServiceConfig{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfig)).
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfigMap), builder.OnlyMetadata).
-		WatchesRawSource(pickers)
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.servicesUsingConfigMap), builder.OnlyMetadata)
+	if r.opts.FederationAddress == FederationAddressPodIP {
+		pickers, err := r.watchPickers(mgr)
+		if err != nil {
+			return err
+		}
+		b = b.WatchesRawSource(pickers)
+	}
 	if r.apis.lws {
 		b = b.Owns(&lwsv1.LeaderWorkerSet{}).
 			Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.serviceOfGroup))

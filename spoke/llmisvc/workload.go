@@ -349,10 +349,13 @@ func syncReplicated[S any](cur, want *S, curReplicas, wantReplicas **int32, stal
 // syncService updates the fields the controller owns; the cluster IP and
 // other allocated fields stay.
 func syncService(cur, want *corev1.Service, stale bool) bool {
-	if !stale && derivedEqual(want.Spec.Selector, cur.Spec.Selector) && derivedEqual(want.Spec.Ports, cur.Spec.Ports) {
+	if !stale && derivedEqual(want.Spec.Selector, cur.Spec.Selector) && derivedEqual(want.Spec.Ports, cur.Spec.Ports) && derivedEqual(want.Spec.Type, cur.Spec.Type) {
 		return false
 	}
 	cur.Spec.Selector, cur.Spec.Ports = want.Spec.Selector, want.Spec.Ports
+	if want.Spec.Type != "" {
+		cur.Spec.Type = want.Spec.Type
+	}
 	return true
 }
 

@@ -97,6 +97,26 @@ const (
 // federation address.
 func FederationServiceName(service string) string { return service + "-epp-federation" }
 
+// PeerMode is the mode in which a picker in a cluster labelled a reaches
+// the pods of a peer in a cluster labelled b (each the labels of its
+// registration), when the placement asks for mode: Endpoint only when it is
+// asked (or nothing is: Endpoint is the default) and the two clusters share
+// a pod network (the same non-empty PodNetworkLabel), for a pod address is
+// of no use where it is not routed; Parent otherwise, which needs only the
+// peer's gateway.
+func PeerMode(asked FederationMode, a, b map[string]string) FederationMode {
+	if (asked == FederationEndpoint || asked == "") && SharePodNetwork(a, b) {
+		return FederationEndpoint
+	}
+	return FederationParent
+}
+
+// SharePodNetwork reports whether two clusters, by the labels of their
+// registrations, reach each other's pod addresses.
+func SharePodNetwork(a, b map[string]string) bool {
+	return a[PodNetworkLabel] != "" && a[PodNetworkLabel] == b[PodNetworkLabel]
+}
+
 // IsManagedByHub reports whether the hub created obj: the only objects in a
 // spoke it may change or delete.
 func IsManagedByHub(obj metav1.Object) bool {

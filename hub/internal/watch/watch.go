@@ -8,16 +8,22 @@ import (
 	"context"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/util/workqueue"
+	clusterv1 "open-cluster-management.io/api/cluster/v1"
+	clusterinventoryv1alpha1 "sigs.k8s.io/cluster-inventory-api/apis/v1alpha1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
@@ -148,4 +154,26 @@ func MapCoalesced(delay time.Duration, fn func(context.Context, client.Object) [
 			},
 		}
 	}
+}
+
+// Registrations adds to b watches on the registrations the inventory reads
+// clusters' labels from: the Secrets and ClusterProfiles in ns and, where
+// OCM is installed, ManagedClusters. A registration created, deleted or
+// relabelled (a pod-network label added, say) re-runs what fn returns; the
+// inventory's own changes (ClusterChanges) say nothing of labels.
+func Registrations(b *mcbuilder.Builder, mgr mcmanager.Manager, ns string, fn func(context.Context, client.Object) []mcreconcile.Request) *mcbuilder.Builder {
+	relabelled := predicate.LabelChangedPredicate{}
+	inNamespace := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetNamespace() == ns })
+	b = b.Watches(&corev1.Secret{}, Map(fn), append(OnHub, mcbuilder.WithPredicates(inNamespace, relabelled))...)
+	installed := func(gvk schema.GroupVersionKind) bool {
+		_, err := mgr.GetLocalManager().GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
+		return err == nil
+	}
+	if installed(clusterinventoryv1alpha1.SchemeGroupVersion.WithKind("ClusterProfile")) {
+		b = b.Watches(&clusterinventoryv1alpha1.ClusterProfile{}, Map(fn), append(OnHub, mcbuilder.WithPredicates(inNamespace, relabelled))...)
+	}
+	if installed(clusterv1.SchemeGroupVersion.WithKind("ManagedCluster")) {
+		b = b.Watches(&clusterv1.ManagedCluster{}, Map(fn), append(OnHub, mcbuilder.WithPredicates(relabelled))...)
+	}
+	return b
 }
