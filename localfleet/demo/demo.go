@@ -160,8 +160,15 @@ func Run(ctx context.Context, opts Options) error {
 	if err := run("cluster-local"); err != nil {
 		return err
 	}
-	step("Turning federation on: spec.federation.mode=Endpoint on the placement; the hub publishes peer directories and certificates, each picker restarts federated")
-	if err := setFederation(ctx, f, client.ObjectKeyFromObject(pl), fleetv1alpha1.FederationEndpoint); err != nil {
+	// Endpoint mode needs pod addresses reachable across clusters; on
+	// isolated pod networks requests cross through the other cluster's
+	// gateway.
+	mode := fleetv1alpha1.FederationParent
+	if f.PodNetwork() == wan.Flat {
+		mode = fleetv1alpha1.FederationEndpoint
+	}
+	step("Turning federation on: spec.federation.mode=%s on the placement (%s pod networks); the hub publishes peer directories and certificates, each picker restarts federated", mode, f.PodNetwork())
+	if err := setFederation(ctx, f, client.ObjectKeyFromObject(pl), mode); err != nil {
 		return err
 	}
 	if err := waitFederated(ctx, out, f, ready, 3*time.Minute); err != nil {
@@ -174,16 +181,16 @@ func Run(ctx context.Context, opts Options) error {
 	header := fmt.Sprintf("Run of %s. Fleet: 1 hub and %d GPU clusters; KServe sample `%s` placed by the hub (%s). "+
 		"Load: %.0f requests/s for %s per phase, %.0f%% entering %s and the rest split evenly, %d-token streamed completions "+
 		"(vLLM simulator with each cluster's latency model). Phase *cluster-local*: each cluster's endpoint picker sees its own pods only. "+
-		"Phase *federated*: the same load with the pickers federated (Endpoint mode).\n",
+		"Phase *federated*: the same load with the pickers federated (%s mode). Clusters are apart: %s pod networks, links %s.\n",
 		began.UTC().Format(time.RFC3339), len(f.Spokes), svc.Name, placementSummary(ready), opts.Rate, opts.LoadDuration,
-		100*opts.HotShare, opts.HotCluster, opts.MaxTokens)
+		100*opts.HotShare, opts.HotCluster, opts.MaxTokens, mode, f.PodNetwork(), strings.Join(links(f), ", "))
 	path, err := writeReport(opts.ReportDir, header, phases)
 	if err != nil {
 		return err
 	}
 	step("Summary")
 	printSummary(out, phases, opts.HotCluster)
-	printCrossings(out, f)
+	printCrossings(out, f, phases[len(phases)-1])
 	fmt.Fprintf(out, "    Report: %s\n", path)
 	step("Shutting down")
 	f.Stop()
@@ -283,20 +290,39 @@ func printAccess(out io.Writer, f *fleet.Fleet) {
 func printNetwork(out io.Writer, f *fleet.Fleet) {
 	fmt.Fprintf(out, "    Network: %s pod networks; links (round trip) between clusters, as written to %s:\n",
 		f.PodNetwork(), filepath.Join(f.Dir(), fleet.MatrixFile))
+	for _, l := range links(f) {
+		fmt.Fprintf(out, "      %s\n", l)
+	}
+}
+
+// links lists every link of the matrix with its round trip.
+func links(f *fleet.Fleet) []string {
+	var out []string
 	clusters := f.Matrix().Clusters()
 	for i, a := range clusters {
 		for _, b := range clusters[i+1:] {
 			if l, err := f.Fabric().Link(a, b); err == nil {
-				fmt.Fprintf(out, "      %s–%s %s\n", a, b, l.RTT)
+				out = append(out, fmt.Sprintf("%s–%s %s", a, b, l.RTT))
 			}
 		}
 	}
+	return out
 }
 
-// printCrossings prints, for each ordered pair of spokes, how many
+// printCrossings prints, for each ordered pair of spokes, how many of the
+// phase's requests entered one and were served in the other, and how many
 // connections crossed the link and the bytes they carried.
-func printCrossings(out io.Writer, f *fleet.Fleet) {
-	fmt.Fprintln(out, "    Connections across links (from → to: connections, bytes there/back, refused):")
+func printCrossings(out io.Writer, f *fleet.Fleet, st phaseStats) {
+	fmt.Fprintf(out, "    Requests across links in phase %q (entered → served: requests, link round trip):\n", st.Name)
+	for _, a := range f.Spokes {
+		for _, b := range f.Spokes {
+			if n := st.Served[a.Name()][b.Name()]; a != b && n > 0 {
+				l, _ := f.Fabric().Link(a.Name(), b.Name())
+				fmt.Fprintf(out, "      %s → %s: %d, %s\n", a.Name(), b.Name(), n, l.RTT)
+			}
+		}
+	}
+	fmt.Fprintln(out, "    Connections across links, whole run (from → to: connections, bytes there/back, refused):")
 	for _, a := range f.Spokes {
 		for _, b := range f.Spokes {
 			if a == b {

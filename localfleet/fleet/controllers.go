@@ -60,10 +60,6 @@ func (f *Fleet) startSpokeController(ctx context.Context, s *Cluster) error {
 		"--kubeconfig=" + s.AdminKubeconfig(),
 		"--system-namespace=" + Namespace,
 		"--default-gateway=" + Namespace + "/" + GatewayName,
-		// The local fleet has no load-balancer emulation yet, so pickers are
-		// reported at their pod IPs, which its flat loopback network reaches.
-		// The lead switches this to LoadBalancer once the emulation lands.
-		"--federation-address=PodIP",
 	})
 }
 
