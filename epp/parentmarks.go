@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/marks"
 )
 
@@ -28,13 +29,22 @@ type marker struct {
 	now      func() time.Time
 }
 
-// sign returns the mark headers of a Parent-mode pick of pods.
+// forwardHeaders are the headers a Parent-mode pick adds to the request: the
+// signed marks, and the pool the request is for, by which the other
+// cluster's route takes it (fleetv1alpha1.ForwardedPoolHeader).
+var forwardHeaders = append(slices.Clone(marks.Headers), fleetv1alpha1.ForwardedPoolHeader)
+
+// sign returns the headers of a Parent-mode pick of pods (forwardHeaders).
 func (m *marker) sign(pods string) ([][2]string, error) {
 	if m == nil {
 		return nil, errors.New("federation is off: no key to sign Parent-mode marks with")
 	}
-	return marks.Sign(marks.Mark{Origin: m.cluster, Pool: m.pool, Pods: pods, Hops: 1,
+	hs, err := marks.Sign(marks.Mark{Origin: m.cluster, Pool: m.pool, Pods: pods, Hops: 1,
 		Expires: m.now().Add(marks.Lifetime).Unix()}, m.cert())
+	if err != nil {
+		return nil, err
+	}
+	return append(hs, [2]string{fleetv1alpha1.ForwardedPoolHeader, m.pool.String()}), nil
 }
 
 // read verifies the mark headers of a request, records the outcome in p and
@@ -99,7 +109,7 @@ func markMutation(h *extProcPb.HeaderMutation, p *pick) {
 		return
 	}
 	h.SetHeaders = slices.DeleteFunc(h.SetHeaders, func(o *configPb.HeaderValueOption) bool {
-		return slices.Contains(marks.Headers, strings.ToLower(o.GetHeader().GetKey()))
+		return slices.Contains(forwardHeaders, strings.ToLower(o.GetHeader().GetKey()))
 	})
 	for _, kv := range p.marks {
 		h.SetHeaders = append(h.SetHeaders, &configPb.HeaderValueOption{
@@ -108,6 +118,6 @@ func markMutation(h *extProcPb.HeaderMutation, p *pick) {
 		})
 	}
 	if p.carried && len(p.marks) == 0 {
-		h.RemoveHeaders = append(h.RemoveHeaders, marks.Headers...)
+		h.RemoveHeaders = append(h.RemoveHeaders, forwardHeaders...)
 	}
 }

@@ -2,14 +2,17 @@ package llmisvc
 
 import (
 	"context"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 )
 
@@ -40,6 +43,9 @@ func (r *Reconciler) reconcileManagedRoute(ctx context.Context, svc *v1alpha2.LL
 			Labels: withLabels(selectorLabels(svc), v1alpha2.LabelComponent, v1alpha2.ComponentRouter)},
 		Spec: *s.Router.Route.HTTP.Spec.DeepCopy(),
 	}
+	if federates(svc) {
+		addForwardedRule(&want.Spec, svc.Namespace, poolName(svc))
+	}
 	if err := ensure(ctx, r, svc, want, func(cur, want *gwapiv1.HTTPRoute, stale bool) bool {
 		if !stale && derivedEqual(want.Spec, cur.Spec) {
 			return false
@@ -56,6 +62,41 @@ func (r *Reconciler) reconcileManagedRoute(ctx context.Context, svc *v1alpha2.LL
 	}
 	rt.addRoute(cur)
 	return nil
+}
+
+// addForwardedRule lets requests other clusters' pickers forward here in
+// Parent mode reach the pool: a copy of the route's first rule to the pool
+// that matches the pool's fleetv1alpha1.ForwardedPoolHeader on any path and
+// rewrites nothing, since the entry cluster's gateway already did. The
+// service's own rules match longer path prefixes, so a client's request to
+// the service's path still takes them, forged header or not; a client that
+// sends the header on another path reaches the same pool it can reach
+// anyway on this route's hostnames.
+func addForwardedRule(spec *gwapiv1.HTTPRouteSpec, namespace, pool string) {
+	for _, rule := range spec.Rules {
+		if !slices.ContainsFunc(rule.BackendRefs, func(b gwapiv1.HTTPBackendRef) bool {
+			return b.Kind != nil && *b.Kind == "InferencePool" && string(b.Name) == pool
+		}) {
+			continue
+		}
+		fwd := *rule.DeepCopy()
+		fwd.Name = nil
+		fwd.Matches = []gwapiv1.HTTPRouteMatch{{
+			Path: &gwapiv1.HTTPPathMatch{Type: ptr.To(gwapiv1.PathMatchPathPrefix), Value: ptr.To("/")},
+			Headers: []gwapiv1.HTTPHeaderMatch{{Type: ptr.To(gwapiv1.HeaderMatchExact),
+				Name: fleetv1alpha1.ForwardedPoolHeader, Value: namespace + "/" + pool}},
+		}}
+		fwd.Filters = withoutRewrites(fwd.Filters)
+		for i := range fwd.BackendRefs {
+			fwd.BackendRefs[i].Filters = withoutRewrites(fwd.BackendRefs[i].Filters)
+		}
+		spec.Rules = append(spec.Rules, fwd)
+		return
+	}
+}
+
+func withoutRewrites(fs []gwapiv1.HTTPRouteFilter) []gwapiv1.HTTPRouteFilter {
+	return slices.DeleteFunc(fs, func(f gwapiv1.HTTPRouteFilter) bool { return f.Type == gwapiv1.HTTPRouteFilterURLRewrite })
 }
 
 func (r *Reconciler) removeManagedRoute(ctx context.Context, svc *v1alpha2.LLMInferenceService) error {

@@ -64,6 +64,15 @@ const (
 	FederationPort     = 9004
 	FederationPortName = "federation"
 
+	// ForwardedPoolHeader is the request header by which a picker that
+	// forwards a request to another cluster's gateway (Parent mode) names the
+	// InferencePool it is for, as namespace/name. The forwarded request
+	// leaves with the entry route's URL rewrite applied (Envoy rewrites for
+	// any destination), so the exporting cluster's route, which matches the
+	// original path, would not match it; the spoke adds a rule matching this
+	// header to a federated service's route instead.
+	ForwardedPoolHeader = "x-fleetinfer-pool"
+
 	// PodNetworkLabel on a cluster's registration (OCM ManagedCluster or
 	// ClusterProfile) names the pod network the cluster belongs to. Clusters
 	// with the same value reach each other's pod addresses (a flat network:
