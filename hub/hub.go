@@ -126,13 +126,13 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	if err := placementStatus.SetupWithManager(ctx, mgr, inv, opts.Namespace); err != nil {
 		return err
 	}
-	if err := (&export.Reconciler{Clusters: inv}).SetupWithManager(ctx, mgr, inv); err != nil {
+	if err := (&export.Reconciler{Clusters: inv, HubID: id}).SetupWithManager(ctx, mgr, inv); err != nil {
 		return err
 	}
 	fed := &federation.Reconciler{Hub: local.GetClient(), Inv: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub"),
 		CA: &ca.Authority{Client: local.GetClient(), Reader: local.GetAPIReader(),
 			Secret: client.ObjectKey{Namespace: opts.Namespace, Name: opts.FederationCASecret}, Overlap: opts.FederationCAOverlap},
-		Opts: federation.Options{TrustDomain: opts.TrustDomain, Workers: opts.Workers}}
+		Opts: federation.Options{TrustDomain: opts.TrustDomain, Workers: opts.Workers, HubID: id}}
 	if err := fed.SetupWithManager(ctx, mgr, inv, opts.Namespace); err != nil {
 		return err
 	}

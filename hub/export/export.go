@@ -52,6 +52,9 @@ func init() { ctrlmetrics.Registry.MustRegister(importedPools) }
 type Reconciler struct {
 	// Clusters are the fleet's clusters.
 	Clusters inventory.Source
+	// HubID is this hub's identity (fleetv1alpha1.HubIDLabel): it creates
+	// and deletes only imports that carry it.
+	HubID string
 }
 
 // +kubebuilder:rbac:groups=inference.networking.k8s.io,resources=inferencepools,verbs=get;list;watch
@@ -98,9 +101,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		var err error
 		switch {
 		case len(exporting) > 0:
-			err = ensureImport(ctx, c.Client, req.NamespacedName, exporting, unread)
+			err = r.ensureImport(ctx, c.Client, req.NamespacedName, exporting, unread)
 		case len(unread) == 0:
-			err = withdraw(ctx, c.Client, req.NamespacedName)
+			err = r.withdraw(ctx, c.Client, req.NamespacedName)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
@@ -149,17 +152,17 @@ func markExported(ctx context.Context, c client.Client, p *igwapiv1.InferencePoo
 // ensureImport creates the InferencePoolImport (and its namespace) and
 // records the exporting clusters in the hub's controller entry; a cluster in
 // unread that the entry lists stays listed.
-func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, exporting []string, unread map[string]bool) error {
+func (r *Reconciler) ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, exporting []string, unread map[string]bool) error {
 	imp := &igwapixv1alpha1.InferencePoolImport{}
 	err := c.Get(ctx, key, imp)
 	switch {
 	case apierrors.IsNotFound(err):
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: fleetv1alpha1.ManagedByHubLabels()}}
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: fleetv1alpha1.OwnedByHubLabels(r.HubID)}}
 		if err := client.IgnoreAlreadyExists(c.Create(ctx, ns)); err != nil {
 			return err
 		}
 		imp = &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
-			Labels: fleetv1alpha1.ManagedByHubLabels()}}
+			Labels: fleetv1alpha1.OwnedByHubLabels(r.HubID)}}
 		if err := c.Create(ctx, imp); err != nil {
 			return err
 		}
@@ -167,7 +170,7 @@ func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, ex
 		return nil // the member has no InferencePoolImport API
 	case err != nil:
 		return err
-	case !fleetv1alpha1.IsManagedByHub(imp):
+	case !fleetv1alpha1.IsOwnedByHub(imp, r.HubID):
 		return nil // someone else's import of that name
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -202,7 +205,7 @@ func ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, ex
 }
 
 // withdraw deletes the hub's import of a pool no cluster exports.
-func withdraw(ctx context.Context, c client.Client, key client.ObjectKey) error {
+func (r *Reconciler) withdraw(ctx context.Context, c client.Client, key client.ObjectKey) error {
 	imp := &igwapixv1alpha1.InferencePoolImport{}
 	err := c.Get(ctx, key, imp)
 	if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
@@ -211,7 +214,7 @@ func withdraw(ctx context.Context, c client.Client, key client.ObjectKey) error 
 	if err != nil {
 		return err
 	}
-	if !fleetv1alpha1.IsManagedByHub(imp) {
+	if !fleetv1alpha1.IsOwnedByHub(imp, r.HubID) {
 		return nil
 	}
 	return client.IgnoreNotFound(c.Delete(ctx, imp))
@@ -238,7 +241,7 @@ func (r *Reconciler) knownPools(ctx context.Context) []client.ObjectKey {
 	for _, c := range r.Clusters.Clusters(ctx) {
 		keys := watch.Keys(ctx, c.Client, &igwapiv1.InferencePoolList{}, "")
 		var imports igwapixv1alpha1.InferencePoolImportList
-		if err := c.Client.List(ctx, &imports, client.MatchingLabels(fleetv1alpha1.ManagedByHubLabels())); err == nil {
+		if err := c.Client.List(ctx, &imports, client.MatchingLabels(fleetv1alpha1.OwnedByHubLabels(r.HubID))); err == nil {
 			for i := range imports.Items {
 				keys = append(keys, client.ObjectKeyFromObject(&imports.Items[i]))
 			}

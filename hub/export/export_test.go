@@ -229,7 +229,7 @@ func TestTheNamespaceIsCreatedWhereItIsMissing(t *testing.T) {
 	}{{
 		name:   "a member without the namespace gets it, labelled as the hub's",
 		spokes: []*spoke{member("a", exportedPool(), namespace(theirs)), member("b")},
-		want:   map[string]map[string]string{"a": theirs, "b": fleetv1alpha1.ManagedByHubLabels()},
+		want:   map[string]map[string]string{"a": theirs, "b": fleetv1alpha1.OwnedByHubLabels(testHubID)},
 	}, {
 		name:   "a namespace that exists stays as it is, unlabelled",
 		spokes: []*spoke{member("a", exportedPool(), namespace(theirs)), member("b", namespace(nil))},
@@ -261,7 +261,7 @@ func TestASecondReconcileWithNothingChangedWritesNothing(t *testing.T) {
 		ParentRef:      igwapiv1.ParentReference{Kind: "Gateway", Name: "inference-gateway", Namespace: ns},
 		ControllerName: "example.net/gateway",
 	}}
-	leftover := ownImport(fleetv1alpha1.ManagedByHubLabels())
+	leftover := ownImport(fleetv1alpha1.OwnedByHubLabels(testHubID))
 	for _, tc := range []struct {
 		name   string
 		spokes []*spoke

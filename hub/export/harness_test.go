@@ -37,6 +37,9 @@ var poolKey = client.ObjectKey{Namespace: ns, Name: poolName}
 
 var scheme = runtime.NewScheme()
 
+// testHubID is the identity of the hub under test.
+const testHubID = "hub-under-test"
+
 func init() {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(igwapiv1.Install(scheme))
@@ -111,7 +114,7 @@ func newFleet(t *testing.T, spokes ...*spoke) *fleet {
 		}
 		inv = append(inv, c)
 	}
-	f.r = &Reconciler{Clusters: inv}
+	f.r = &Reconciler{Clusters: inv, HubID: testHubID}
 	return f
 }
 
@@ -172,7 +175,7 @@ func (f *fleet) get(cluster string, key client.ObjectKey, o client.Object) bool 
 func (f *fleet) exportingIn(cluster string) []string {
 	f.t.Helper()
 	imp := &igwapixv1alpha1.InferencePoolImport{}
-	if !f.get(cluster, poolKey, imp) || !fleetv1alpha1.IsManagedByHub(imp) {
+	if !f.get(cluster, poolKey, imp) || !fleetv1alpha1.IsOwnedByHub(imp, testHubID) {
 		return nil
 	}
 	out := []string{}

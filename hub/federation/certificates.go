@@ -23,7 +23,7 @@ func (r *Reconciler) ensureCertificate(ctx context.Context, svc *v1alpha2.LLMInf
 	if err != nil && !apierrors.IsNotFound(err) {
 		return time.Time{}, err
 	}
-	if err == nil && !fleetv1alpha1.IsManagedByHub(cur) {
+	if err == nil && !fleetv1alpha1.IsOwnedByHub(cur, r.Opts.HubID) {
 		r.notOurs(svc, m, cur)
 		return time.Time{}, nil
 	}

@@ -69,6 +69,9 @@ type Options struct {
 	TrustDomain string
 	// Workers is how many services are reconciled at once.
 	Workers int
+	// HubID is this hub's identity (fleetv1alpha1.HubIDLabel): it writes
+	// and removes only what carries it, next to copies that carry it.
+	HubID string
 }
 
 // Reconciler publishes the peer directories and certificates of one hub
@@ -163,7 +166,7 @@ func (r *Reconciler) members(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(svc), cp); err != nil {
 			continue
 		}
-		if !fleetv1alpha1.IsManagedByHub(cp) || !cp.DeletionTimestamp.IsZero() {
+		if !fleetv1alpha1.IsOwnedByHub(cp, r.Opts.HubID) || !cp.DeletionTimestamp.IsZero() {
 			continue
 		}
 		m := member{cluster: c, copy: cp}
@@ -197,7 +200,7 @@ func (r *Reconciler) unpublish(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 			errs = append(errs, client.IgnoreNotFound(err))
 			continue
 		}
-		if !fleetv1alpha1.IsManagedByHub(o) {
+		if !fleetv1alpha1.IsOwnedByHub(o, r.Opts.HubID) {
 			continue
 		}
 		err := m.cluster.Client.Delete(ctx, o, client.Preconditions{UID: ptr.To(o.GetUID())})
@@ -219,7 +222,7 @@ func (r *Reconciler) childMeta(svc *v1alpha2.LLMInferenceService, m member, name
 		Labels:          map[string]string{v1alpha2.LabelName: svc.Name},
 		OwnerReferences: []metav1.OwnerReference{m.ownerRef()},
 	}
-	fleetv1alpha1.MarkManagedByHub(&meta)
+	fleetv1alpha1.MarkOwnedByHub(&meta, r.Opts.HubID)
 	return meta
 }
 
@@ -238,7 +241,7 @@ func apply[T client.Object](ctx context.Context, r *Reconciler, svc *v1alpha2.LL
 			if err := m.cluster.Reader.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
 				return false, err
 			}
-			if fleetv1alpha1.IsManagedByHub(cur) {
+			if fleetv1alpha1.IsOwnedByHub(cur, r.Opts.HubID) {
 				return false, fmt.Errorf("%s is not in the cache yet", kindOf(want))
 			}
 			r.notOurs(svc, m, cur)
@@ -252,7 +255,7 @@ func apply[T client.Object](ctx context.Context, r *Reconciler, svc *v1alpha2.LL
 	if err != nil {
 		return false, err
 	}
-	if !fleetv1alpha1.IsManagedByHub(cur) {
+	if !fleetv1alpha1.IsOwnedByHub(cur, r.Opts.HubID) {
 		r.notOurs(svc, m, cur)
 		return false, nil
 	}

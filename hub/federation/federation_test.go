@@ -79,7 +79,7 @@ func (s *spoke) cluster() inventory.Cluster {
 		}
 		switch o.(type) {
 		case *corev1.ConfigMap, *corev1.Secret:
-			if !fleetv1alpha1.IsManagedByHub(o) {
+			if !fleetv1alpha1.IsOwnedByHub(o, testHubID) {
 				return apierrors.NewNotFound(schema.GroupResource{Resource: fmt.Sprintf("%T", o)}, key.Name)
 			}
 		}
@@ -95,7 +95,7 @@ func (s *spoke) cluster() inventory.Cluster {
 func copyOf(cluster string, mode fleetv1alpha1.FederationMode, st *v1alpha2.FederationStatus) *v1alpha2.LLMInferenceService {
 	cp := &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svcName, UID: types.UID(cluster + "-copy"),
 		Annotations: map[string]string{fleetv1alpha1.FederationClusterAnnotation: cluster, fleetv1alpha1.FederationModeAnnotation: string(mode)}}}
-	fleetv1alpha1.MarkManagedByHub(cp)
+	fleetv1alpha1.MarkOwnedByHub(cp, testHubID)
 	cp.Status.Federation = st
 	return cp
 }
@@ -111,6 +111,9 @@ type fixture struct {
 	events *record.FakeRecorder
 }
 
+// testHubID is the identity of the hub under test.
+const testHubID = "hub-under-test"
+
 func newFixture(t *testing.T, spokes ...*spoke) *fixture {
 	t.Helper()
 	svc := &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svcName, UID: "hub"}}
@@ -121,7 +124,7 @@ func newFixture(t *testing.T, spokes ...*spoke) *fixture {
 		f.spokes[s.name] = s
 		inv = append(inv, s.cluster())
 	}
-	f.r = &Reconciler{Hub: hub, Inv: inv, Recorder: f.events, Opts: Options{TrustDomain: "fleetinfer.io"},
+	f.r = &Reconciler{Hub: hub, Inv: inv, Recorder: f.events, Opts: Options{TrustDomain: "fleetinfer.io", HubID: testHubID},
 		CA: &ca.Authority{Client: hub, Reader: hub, Secret: client.ObjectKey{Namespace: "fleetinfer-system", Name: "federation-ca"}}}
 	return f
 }
@@ -159,7 +162,7 @@ func (f *fixture) directory(t *testing.T, cluster string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !fleetv1alpha1.IsManagedByHub(cm) || cm.Labels[v1alpha2.LabelName] != svcName || len(cm.OwnerReferences) != 1 || !ownedByCopyOrImport(cm.OwnerReferences[0], cluster) {
+	if !fleetv1alpha1.IsOwnedByHub(cm, testHubID) || cm.Labels[v1alpha2.LabelName] != svcName || len(cm.OwnerReferences) != 1 || !ownedByCopyOrImport(cm.OwnerReferences[0], cluster) {
 		t.Errorf("%s: directory labels %v, owners %v; want the hub's, owned by the copy (or import)", cluster, cm.Labels, cm.OwnerReferences)
 	}
 	d, err := fleetv1alpha1.ParsePeerDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
@@ -193,7 +196,7 @@ func (f *fixture) certified(t *testing.T, cluster string) bool {
 		t.Fatal(err)
 	}
 	b, _ := pem.Decode(s.Data[corev1.TLSCertKey])
-	if b == nil || !fleetv1alpha1.IsManagedByHub(s) || len(s.Data[corev1.ServiceAccountRootCAKey]) == 0 {
+	if b == nil || !fleetv1alpha1.IsOwnedByHub(s, testHubID) || len(s.Data[corev1.ServiceAccountRootCAKey]) == 0 {
 		t.Fatalf("%s: certificate Secret %v is not the hub's", cluster, s.Labels)
 	}
 	leaf, err := x509.ParseCertificate(b.Bytes)
@@ -470,7 +473,7 @@ func TestAnObjectTheHubDidNotCreateIsLeftAloneAndReported(t *testing.T) {
 		if err := f.spokes["east"].api.Get(context.Background(), client.ObjectKeyFromObject(mine()), cm); err != nil {
 			t.Fatalf("east's own ConfigMap: %v", err)
 		}
-		if fleetv1alpha1.IsManagedByHub(cm) || cm.Data[fleetv1alpha1.PeerDirectoryKey] != "peers: []\n" || len(cm.OwnerReferences) > 0 {
+		if fleetv1alpha1.IsOwnedByHub(cm, testHubID) || cm.Data[fleetv1alpha1.PeerDirectoryKey] != "peers: []\n" || len(cm.OwnerReferences) > 0 {
 			t.Errorf("east's own ConfigMap was changed: %+v", cm)
 		}
 	}

@@ -49,7 +49,7 @@ func (r *Reconciler) importers(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 		switch {
 		case err != nil && !apierrors.IsNotFound(err) && !meta.IsNoMatchError(err):
 			continue // unknown: what was published stays
-		case pool == "" || err != nil || !fleetv1alpha1.IsManagedByHub(imp) || !imp.DeletionTimestamp.IsZero() || !routes(imp):
+		case pool == "" || err != nil || !fleetv1alpha1.IsOwnedByHub(imp, r.Opts.HubID) || !imp.DeletionTimestamp.IsZero() || !routes(imp):
 			others = append(others, m)
 			continue
 		}

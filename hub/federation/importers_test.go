@@ -36,7 +36,7 @@ func exporting(cluster, picker, gateway string) *v1alpha2.LLMInferenceService {
 // spoke's import controller when routed is true.
 func importOf(cluster string, routed bool) *igwapixv1alpha1.InferencePoolImport {
 	imp := &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: importName, UID: types.UID(cluster + "-import")}}
-	fleetv1alpha1.MarkManagedByHub(imp)
+	fleetv1alpha1.MarkOwnedByHub(imp, testHubID)
 	imp.Status.Controllers = []igwapixv1alpha1.ImportController{{Name: "fleetinfer.io/hub",
 		ExportingClusters: []igwapixv1alpha1.ExportingCluster{{Name: "east"}, {Name: "west"}}}}
 	if routed {
@@ -60,12 +60,15 @@ func TestAClusterRoutingTheImportSubscribesToTheFederation(t *testing.T) {
 		newSpoke(t, "edge", importOf("edge", true)),
 		newSpoke(t, "north", importOf("north", false)))
 	f.reconcile(t)
+	// Each directory holds the peers in its own copy's mode: east and west
+	// ask Parent, central Endpoint, an importer always Parent. central
+	// reports no gateway, so the directories that would reach it in Parent
+	// mode leave it out.
 	f.check(t, map[string][]string{
-		"east":    {"central 10.0.3.1:9004  Endpoint", "edge subscribe-only", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
-		"west":    {"central 10.0.3.1:9004  Endpoint", "east 10.0.1.1:9004 192.0.2.1:15080 Parent", "edge subscribe-only"},
-		"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent", "edge subscribe-only", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
-		// central has no gateway to reach it in Parent mode.
-		"edge": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+		"east":    {"edge subscribe-only", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+		"west":    {"east 10.0.1.1:9004 192.0.2.1:15080 Parent", "edge subscribe-only"},
+		"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Endpoint", "edge subscribe-only", "west 10.0.2.1:9004 192.0.2.2:15080 Endpoint"},
+		"edge":    {"east 10.0.1.1:9004 192.0.2.1:15080 Parent", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
 	})
 	imp := &igwapixv1alpha1.InferencePoolImport{}
 	if err := f.spokes["edge"].api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: importName}, imp); err != nil {
@@ -91,8 +94,8 @@ func TestAClusterRoutingTheImportSubscribesToTheFederation(t *testing.T) {
 	}
 	f.reconcile(t)
 	f.check(t, map[string][]string{
-		"east":    {"central 10.0.3.1:9004  Endpoint", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
-		"west":    {"central 10.0.3.1:9004  Endpoint", "east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
-		"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+		"east":    {"west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+		"west":    {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
+		"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Endpoint", "west 10.0.2.1:9004 192.0.2.2:15080 Endpoint"},
 	})
 }
