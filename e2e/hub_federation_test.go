@@ -88,10 +88,18 @@ func TestHubFederatesTheEndpointPickersOfAPlacedService(t *testing.T) {
 	want := func(members ...string) {
 		t.Helper()
 		testutil.Eventually(t, 60*time.Second, "peer directories of "+strings.Join(members, "+"), func(ctx context.Context) error {
+			// Each picker is reached at its federation LoadBalancer Service's
+			// address: pod addresses do not cross clusters.
 			addr := map[string]string{}
 			for _, m := range members {
-				pod := pickerPod(t, fl.Spoke(m), ns, name)
-				addr[m] = net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(fleetv1alpha1.FederationPort))
+				lb := &corev1.Service{}
+				if err := fl.Spoke(m).Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.FederationServiceName(name)}, lb); err != nil {
+					return fmt.Errorf("%s: %w", m, err)
+				}
+				if len(lb.Status.LoadBalancer.Ingress) == 0 {
+					return fmt.Errorf("%s: the federation Service has no load-balancer address yet", m)
+				}
+				addr[m] = net.JoinHostPort(lb.Status.LoadBalancer.Ingress[0].IP, strconv.Itoa(fleetv1alpha1.FederationPort))
 			}
 			for _, m := range members {
 				d, err := directory(ctx, fl.Spoke(m), ns, name)

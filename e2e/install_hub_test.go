@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,6 +30,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
@@ -102,52 +104,29 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 		t.Fatal(err)
 	}
 	var args []string
+	replicas := int64(1)
 	for _, o := range objs {
 		if o.GetKind() == "Deployment" && o.GetName() == "fleetinfer-hub" {
 			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 			args, _, _ = unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
-		}
-	}
-	ports, err := controlplane.FreePorts(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-	probeAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
-	for i, a := range args {
-		switch {
-		case strings.HasPrefix(a, "--metrics-bind-address="):
-			args[i] = "--metrics-bind-address=" + metricsAddr
-		case strings.HasPrefix(a, "--health-probe-bind-address="):
-			args[i] = "--health-probe-bind-address=" + probeAddr
+			// Parsed YAML numbers may be int64 or float64.
+			switch n, _, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "replicas"); n := n.(type) {
+			case int64:
+				replicas = n
+			case float64:
+				replicas = int64(n)
+			}
 		}
 	}
 	if len(args) == 0 {
 		t.Fatal("no hub Deployment in deploy/hub")
 	}
-	bins, err := binaries.Locate()
-	if err != nil {
-		t.Fatal(err)
+	t.Logf("the hub Deployment has %d replicas", replicas)
+	hubs := make([]*hubReplica, replicas)
+	for i := range hubs {
+		hubs[i] = startHubReplica(t, inst, i, args, serviceAccountKubeconfig(t, hub, fleet.Namespace, "fleetinfer-hub"))
 	}
-	logPath := filepath.Join(hub.Dir(), "logs", "hub-installed.log")
-	p, err := process.Start(process.Spec{
-		Name: "hub/hub-installed", Path: bins.Hub, LogPath: logPath,
-		Args: append(args, "--kubeconfig="+serviceAccountKubeconfig(t, hub, fleet.Namespace, "fleetinfer-hub")),
-	}, inst.Registry)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if b, err := os.ReadFile(logPath); t.Failed() && err == nil {
-			t.Logf("hub log (last 8 KiB):\n%s", b[max(0, len(b)-8192):])
-		}
-	})
-	if err := controlplane.WaitHTTP(ctx, p, http.DefaultClient, "http://"+probeAddr+"/readyz", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 30*time.Second, "a hub leader", func(ctx context.Context) error {
-		return leaseHeld(ctx, hub.Client, "fleetinfer-hub")
-	})
+	leader := hubLeader(t, hubs)
 
 	ns := namespace(t, hub)
 	svc := gpuService(ns, "installed", 1, 1)
@@ -184,13 +163,18 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 	})
 	hubWritesOnlyItsOwn(t, spoke, ns)
 
-	if b, err := os.ReadFile(logPath); err != nil || strings.Contains(strings.ToLower(string(b)), "forbidden") {
-		t.Errorf("the hub was refused something its RBAC should grant (%v):\n%s", err, b)
+	for _, h := range hubs {
+		if b, err := os.ReadFile(h.log); err != nil || strings.Contains(strings.ToLower(string(b)), "forbidden") {
+			t.Errorf("the hub was refused something its RBAC should grant (%v):\n%s", err, b)
+		}
 	}
-	exposesDashboardMetrics(t, "the hub", "http://"+metricsAddr+"/metrics", []string{"fleetinfer_hub_", "controller_runtime_", "workqueue_"}, map[string]string{
+	exposesDashboardMetrics(t, "the hub", leader.metrics, []string{"fleetinfer_hub_", "controller_runtime_", "workqueue_"}, map[string]string{
 		"fleetinfer_hub_cluster_probe_failures_total": "needs an unreachable spoke",
 		"fleetinfer_hub_exported_pool_clusters":       "needs a pool exported to another cluster",
 	})
+	if len(hubs) > 1 {
+		standbyTakesOver(t, inst, hubs, leader, ns)
+	}
 	if err := hub.Client.Delete(ctx, svc); err != nil {
 		t.Fatal(err)
 	}
@@ -201,6 +185,118 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 		}
 		return nil
 	})
+}
+
+// hubReplica is one replica of the installed hub Deployment, run as a
+// process: the hub cluster has no kubelet.
+type hubReplica struct {
+	p       *process.Process
+	metrics string // its /metrics URL
+	log     string
+}
+
+// startHubReplica runs bin/hub with the Deployment's flags, on loopback
+// ports, and waits until it is ready (a standby is ready too: it waits for
+// the lease).
+func startHubReplica(t *testing.T, inst *fleet.Fleet, i int, deploymentArgs []string, kubeconfig string) *hubReplica {
+	t.Helper()
+	ports, err := controlplane.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	probeAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	args := slices.Clone(deploymentArgs)
+	for i, a := range args {
+		switch {
+		case strings.HasPrefix(a, "--metrics-bind-address="):
+			args[i] = "--metrics-bind-address=" + metricsAddr
+		case strings.HasPrefix(a, "--health-probe-bind-address="):
+			args[i] = "--health-probe-bind-address=" + probeAddr
+		}
+	}
+	bins, err := binaries.Locate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hubReplica{metrics: "http://" + metricsAddr + "/metrics",
+		log: filepath.Join(inst.Hub.Dir(), "logs", fmt.Sprintf("hub-installed-%d.log", i))}
+	h.p, err = process.Start(process.Spec{Name: fmt.Sprintf("hub/hub-installed-%d", i), Path: bins.Hub, LogPath: h.log,
+		Args: append(args, "--kubeconfig="+kubeconfig)}, inst.Registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(h.log); t.Failed() && err == nil {
+			t.Logf("hub replica %d log (last 8 KiB):\n%s", i, b[max(0, len(b)-8192):])
+		}
+	})
+	if err := controlplane.WaitHTTP(context.Background(), h.p, http.DefaultClient, "http://"+probeAddr+"/readyz", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// hubLeader waits until exactly one live replica reports that it leads
+// (controller-runtime's leader_election_master_status) and returns it.
+func hubLeader(t *testing.T, hubs []*hubReplica) *hubReplica {
+	t.Helper()
+	var leader *hubReplica
+	testutil.Eventually(t, 60*time.Second, "one hub replica leading", func(ctx context.Context) error {
+		var leading []*hubReplica
+		for _, h := range hubs {
+			if h.p.Exited() {
+				continue
+			}
+			m, err := metrics.Scrape(ctx, h.metrics)
+			if err != nil {
+				return err
+			}
+			if m[`leader_election_master_status{name="fleetinfer-hub"}`] == 1 {
+				leading = append(leading, h)
+			}
+		}
+		if len(leading) != 1 {
+			return fmt.Errorf("%d replicas lead", len(leading))
+		}
+		leader = leading[0]
+		return nil
+	})
+	return leader
+}
+
+// standbyTakesOver kills the leading hub replica (SIGKILL: no lease release)
+// and checks that another replica takes the lease and places a new service
+// until it is Ready.
+func standbyTakesOver(t *testing.T, inst *fleet.Fleet, hubs []*hubReplica, leader *hubReplica, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	killed := time.Now()
+	leader.p.Kill()
+	next := hubLeader(t, hubs)
+	t.Logf("hub leader SIGKILLed; a standby leads %.1fs later (lease duration 15s)", time.Since(killed).Seconds())
+	if next == leader {
+		t.Fatal("the killed replica still leads")
+	}
+	svc := gpuService(ns, "after-failover", 1, 1)
+	placement := &fleetv1alpha1.InferencePlacement{ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: ns},
+		Spec: fleetv1alpha1.InferencePlacementSpec{ServiceSelector: &metav1.LabelSelector{MatchLabels: svc.Labels}}}
+	for _, o := range []client.Object{svc, placement} {
+		if err := inst.Hub.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, 90*time.Second, "a service applied after the fail-over Ready", func(ctx context.Context) error {
+		cur := &v1alpha2.LLMInferenceService{}
+		if err := inst.Hub.Client.Get(ctx, client.ObjectKeyFromObject(svc), cur); err != nil {
+			return err
+		}
+		if !cur.Status.IsTrue(v1alpha2.Ready) {
+			return fmt.Errorf("not Ready: %s", hubConditions(cur))
+		}
+		return nil
+	})
+	t.Logf("service applied after the fail-over Ready %.1fs after the kill", time.Since(killed).Seconds())
 }
 
 // hubWritesOnlyItsOwn checks the spoke-access admission policy: acting as
