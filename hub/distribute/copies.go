@@ -28,10 +28,13 @@ type observed struct {
 	replicas      int32
 	readyReplicas int32
 	ready         bool
-	url           string
-	message       string
-	obj           *v1alpha2.LLMInferenceService
-	err           error // the cluster could not be read
+	// terminating: the copy is being deleted (by the hub or in the spoke):
+	// whatever it reports, it is not what the service can count on.
+	terminating bool
+	url         string
+	message     string
+	obj         *v1alpha2.LLMInferenceService
+	err         error // the cluster could not be read
 }
 
 // observe reads the service's copy in every available cluster, all at once,
@@ -71,7 +74,8 @@ func (r *Reconciler) observeIn(ctx context.Context, c inventory.Cluster, svc *v1
 	if w := cp.Status.Workloads; w != nil && w.Primary != nil {
 		o.readyReplicas = ptr.Deref(w.Primary.ReadyReplicas, 0)
 	}
-	o.ready = cp.Status.IsTrue(v1alpha2.Ready) && cp.Status.ObservedGeneration == cp.Generation
+	o.terminating = !cp.DeletionTimestamp.IsZero()
+	o.ready = cp.Status.IsTrue(v1alpha2.Ready) && cp.Status.ObservedGeneration == cp.Generation && !o.terminating
 	o.url = ptr.Deref(cp.Status.URL, "")
 	o.message = firstProblem(cp)
 }

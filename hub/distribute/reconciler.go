@@ -50,6 +50,9 @@ const (
 	PhaseLeaving     = "Leaving"
 	PhaseUnreachable = "Unreachable"
 	PhaseConflict    = "Conflict"
+	// PhaseTerminating: the copy is being deleted; it is not counted as
+	// ready, so no other copy shrinks or goes on its account.
+	PhaseTerminating = "Terminating"
 )
 
 // Options configure the reconciler.
@@ -70,6 +73,15 @@ type Options struct {
 	// its name) before the collector deletes it.
 	OrphanGrace time.Duration
 }
+
+// FinalizePatience is how long a deleted hub service waits for every
+// reachable cluster to delete its copy before it goes anyway, leaving the
+// rest to the orphan collector.
+const FinalizePatience = 2 * time.Minute
+
+// ReasonCopiesLeft is the Event of a hub service that went before all its
+// copies did.
+const ReasonCopiesLeft = "CopiesLeftToOrphanCollector"
 
 // DefaultClusterTimeout is Options.ClusterTimeout when unset.
 const DefaultClusterTimeout = 10 * time.Second
@@ -219,7 +231,13 @@ func (r *Reconciler) finalize(ctx context.Context, svc *v1alpha2.LLMInferenceSer
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return err
+		if time.Since(svc.DeletionTimestamp.Time) < FinalizePatience {
+			return err
+		}
+		// A spoke that refuses the delete (a webhook, RBAC drift) must not
+		// hold the hub object for ever: the orphan collector retries there.
+		r.recorder.Eventf(svc, corev1.EventTypeWarning, ReasonCopiesLeft,
+			"Deleted on the hub although some copies could not be deleted for %s; the orphan collector keeps trying: %v", FinalizePatience, err)
 	}
 	controllerutil.RemoveFinalizer(svc, Finalizer)
 	return client.IgnoreNotFound(r.hub.Update(ctx, svc))

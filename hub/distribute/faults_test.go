@@ -1,0 +1,120 @@
+package distribute
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
+)
+
+// hangingClient is a spoke that never answers: a black-holed link, or a
+// cache that never syncs. Every call waits until its context ends.
+type hangingClient struct{ client.Client }
+
+func (hangingClient) Get(ctx context.Context, _ client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (hangingClient) Create(ctx context.Context, _ client.Object, _ ...client.CreateOption) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// One hanging spoke holds neither the worker nor the other clusters'
+// writes: each call to a cluster has its own deadline.
+func TestAHangingSpokeDelaysAReconcileOnlyByTheClusterDeadline(t *testing.T) {
+	f := newFleet(t, []client.Object{service("llama", 1), placementOf(fleetv1alpha1.Duplicated, "hangs", "answers")},
+		map[string][]client.Object{"hangs": nil, "answers": nil})
+	const deadline = 300 * time.Millisecond
+	f.r.opts.ClusterTimeout = deadline
+	clusters := f.r.clusters.(fixedClusters)
+	for i := range clusters {
+		if clusters[i].Name == "hangs" {
+			clusters[i].Client = hangingClient{clusters[i].Client}
+		}
+	}
+
+	began := time.Now()
+	_, _ = f.r.Reconcile(context.Background(), watch.Request(ns, "llama"))
+	took := time.Since(began)
+
+	// Four rounds of calls, each bounded: observe, read capacity, write,
+	// observe again; one more deadline of slack for a busy machine.
+	if took > 5*deadline {
+		t.Errorf("the reconcile took %s with one hanging spoke, want at most %s (a few cluster deadlines of %s)", took, 5*deadline, deadline)
+	}
+	if f.copyIn("answers", "llama") == nil {
+		t.Error("the cluster that answers got no copy while another cluster hung")
+	}
+}
+
+// A copy being deleted may still report Ready; counting it would let the
+// copy that a move leaves shrink or go while the new one is on its way out.
+func TestATerminatingCopyIsNotCountedAsReady(t *testing.T) {
+	leaving := hubCopy("llama", 1)
+	going := hubCopy("llama", 1)
+	going.Finalizers = []string{"example.com/hold"}
+	going.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	f := newFleet(t, []client.Object{service("llama", 1), placementOf(fleetv1alpha1.Duplicated, "b")},
+		map[string][]client.Object{"a": {leaving}, "b": {going}})
+	f.reconcile("llama")
+	f.reconcile("llama")
+
+	if f.copyIn("a", "llama") == nil {
+		t.Error("the copy the move leaves was deleted while the chosen cluster's copy is being deleted")
+	}
+	for _, c := range f.hubService("llama").Status.Clusters {
+		if c.Name == "b" && (c.Phase != PhaseTerminating || c.Ready) {
+			t.Errorf("cluster b: phase %s, ready %v; want %s, not ready", c.Phase, c.Ready, PhaseTerminating)
+		}
+	}
+}
+
+// refusingClient is a spoke that refuses every delete (a webhook, RBAC
+// drift).
+type refusingClient struct{ client.Client }
+
+func (refusingClient) Delete(context.Context, client.Object, ...client.DeleteOption) error {
+	return errors.New("admission webhook denied the request")
+}
+
+// A spoke that refuses to delete a copy holds a deleted hub service only for
+// FinalizePatience; then the service goes and the orphan collector keeps
+// trying there.
+func TestAHubServiceWaitsForARefusingSpokeOnlyForAWhile(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		deletedAgo time.Duration
+		wantGone   bool
+	}{
+		{"deleted a moment ago: it waits", time.Second, false},
+		{"deleted longer ago than the patience: it goes", FinalizePatience + time.Minute, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := service("llama", 1)
+			svc.Finalizers = []string{Finalizer}
+			svc.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-tc.deletedAgo)}
+			f := newFleet(t, []client.Object{svc, placementOf(fleetv1alpha1.Duplicated, "a")},
+				map[string][]client.Object{"a": {hubCopy("llama", 1)}})
+			clusters := f.r.clusters.(fixedClusters)
+			clusters[0].Client = refusingClient{clusters[0].Client}
+			_, err := f.r.Reconcile(context.Background(), watch.Request(ns, "llama"))
+
+			gone := apierrors.IsNotFound(f.hub.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "llama"}, svc))
+			if gone != tc.wantGone {
+				t.Fatalf("hub service gone %v (reconcile error %v), want %v", gone, err, tc.wantGone)
+			}
+			if f.copyIn("a", "llama") == nil {
+				t.Error("the copy the spoke refused to delete is gone")
+			}
+		})
+	}
+}
