@@ -112,8 +112,9 @@ func (p *parentPool) servedIn(r loadgen.Result) string { return p.clusterOf[r.Po
 type served struct {
 	cluster string
 	// gateways is how many gateways the request passed: the entries of the
-	// X-Forwarded-For it arrived with, to which every gateway appends the
-	// address it was called from.
+	// X-Forwarded-For it arrived with, to which each gateway of the local
+	// fleet appends the address it was called from (Envoy does with
+	// use_remote_address).
 	gateways int
 }
 
