@@ -279,6 +279,7 @@ func TestEPPFederation(t *testing.T) {
 			marks.Expires: strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10), marks.Signature: "Zm9yZ2Vk"}
 		rejected, accepted := marksCounted(t, east, "rejected"), marksCounted(t, central, "accepted")
 		centralRemote := remotePicks(t, central)
+		eastToWest := fl.Fabric().Stats("east", "west")
 		sent, inCentral := 0, 0
 		for ; sent < 40 && len(served) < 2; sent++ {
 			resp, body := gwPost(t, east.Cluster.GatewayURL(), fedHost(ns), "/v1/completions",
@@ -307,6 +308,14 @@ func TestEPPFederation(t *testing.T) {
 		}
 		if n := remotePicks(t, central) - centralRemote; n != 0 {
 			t.Errorf("central forwarded %v requests again", n)
+		}
+		// East's gateway reached west's pod at its address, through the
+		// link between them: the flat pod network routes it.
+		if st := fl.Fabric().Stats("east", "west"); st.Accepted == eastToWest.Accepted || st.BytesFromTarget == eastToWest.BytesFromTarget {
+			t.Errorf("no connection from east to west crossed their link (before %+v, after %+v)", eastToWest, st)
+		} else {
+			t.Logf("east → west over the link: %d connections, %d bytes there, %d back", st.Accepted-eastToWest.Accepted,
+				st.BytesToTarget-eastToWest.BytesToTarget, st.BytesFromTarget-eastToWest.BytesFromTarget)
 		}
 	})
 

@@ -365,17 +365,19 @@ func TestSubscriberReconnectsWhenThePeerComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := subscribe(t, "east", east.creds, dir)
-	count := func(want int) func() error {
-		return func() error {
-			if n := store.Count()["west"]; n != want {
-				return fmt.Errorf("%d endpoints of west, want %d", n, want)
-			}
-			return nil
-		}
-	}
-	waitFor(t, "west subscribed", count(1))
+	waitFor(t, "west subscribed", holds(store, "west", 1))
 	west.stop()
-	waitFor(t, "west dropped", count(0))
+	waitFor(t, "west dropped", holds(store, "west", 0))
 	newClusterAt(t, ca, "west", dir, west.addr, west.local)
-	waitFor(t, "west back after reconnecting", count(1))
+	waitFor(t, "west back after reconnecting", holds(store, "west", 1))
+}
+
+// holds checks that store holds n endpoints of cluster.
+func holds(store *Store, cluster string, n int) func() error {
+	return func() error {
+		if got := store.Count()[cluster]; got != n {
+			return fmt.Errorf("%d endpoints of %s, want %d", got, cluster, n)
+		}
+		return nil
+	}
 }

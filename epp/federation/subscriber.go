@@ -203,19 +203,25 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 	defer conn.Close()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// A peer that stops talking without closing the connection is dropped
+	// once its data would be stale anyway: heartbeats come far more often.
+	// The bound holds from the dial on: a connection whose handshake a
+	// partition swallows (packets dropped, no reset) would otherwise wait
+	// out gRPC's 20 s connect timeout, long after the path came back.
+	watchdog := time.AfterFunc(staleAfter, func() { cancel(errStale) })
+	defer watchdog.Stop()
 	c := &updateCodec{limits: s.opts.Limits, bytes: bytesTotal.WithLabelValues(p.Cluster, "received"),
 		updates: updatesTotal.WithLabelValues(p.Cluster, "received")}
 	st, err := federationv1.NewFederationClient(conn).Subscribe(ctx,
 		&federationv1.SubscribeRequest{PoolNamespace: s.opts.Pool.Namespace, PoolName: s.opts.Pool.Name, Cluster: s.opts.Cluster},
 		grpc.ForceCodecV2(c), grpc.MaxCallRecvMsgSize(s.opts.Limits.MaxMessageBytes))
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errStale) {
+			return "connect", fmt.Errorf("%w: %w", errStale, err)
+		}
 		return "connect", err
 	}
 	state := newPeerState(origin, s.opts.Pool.Namespace, s.opts.Limits)
-	// A peer that stops talking without closing the connection is dropped
-	// once its data would be stale anyway: heartbeats come far more often.
-	watchdog := time.AfterFunc(staleAfter, func() { cancel(errStale) })
-	defer watchdog.Stop()
 	held := remoteEndpoints.WithLabelValues(p.Cluster)
 	connected := false
 	defer func() {

@@ -1,10 +1,13 @@
 // Package fedpool deploys one InferencePool across spokes of a local fleet,
 // with fleetinfer's EPP as a pod in every cluster and the EPPs federated over
 // mTLS through a peer directory written here (what the hub publishes in
-// production): model-server pods of the simulator, the pool, its picker, and
-// an HTTPRoute on each spoke's gateway with the same host everywhere, so that
-// a request forwarded in Parent mode meets the pool again at the peer. The
-// federation e2e tests and the routing benchmark share it.
+// production): model-server pods of the simulator, the pool, its picker, a
+// Service of type LoadBalancer for the picker's federation port (what the
+// spoke creates by default, and what other clusters reach on isolated pod
+// networks), and an HTTPRoute on each spoke's gateway with the same host
+// everywhere, so that a request forwarded in Parent mode meets the pool
+// again at the peer. The federation e2e tests and the routing benchmark
+// share it.
 package fedpool
 
 import (
@@ -63,6 +66,9 @@ type Member struct {
 	// ip:port when Deploy returned.
 	EPP  corev1.Pod
 	Pods []string
+	// FederationAddress is host:port of the picker's federation port on its
+	// load balancer, the address the other clusters' pickers subscribe to.
+	FederationAddress string
 }
 
 // EPPAddr is host:port of one of the picker pod's ports.
@@ -145,8 +151,8 @@ func Deploy(ctx context.Context, o Options) (*Pool, error) {
 			return nil, fmt.Errorf("%s: %w", m.Cluster.Name(), err)
 		}
 	}
-	// The directory needs the pickers' pod addresses, so it is written once
-	// they are known; the pickers reload it.
+	// The directory needs the pickers' load-balancer addresses, so it is
+	// written once they are known; the pickers reload it.
 	dir := fleetv1alpha1.PeerDirectory{}
 	for _, m := range o.Members {
 		if err := Wait(ctx, o.Timeout, m.Cluster.Name()+" EPP ready", func(ctx context.Context) error {
@@ -156,13 +162,21 @@ func Deploy(ctx context.Context, o Options) (*Pool, error) {
 			if !PodReady(&m.EPP) {
 				return fmt.Errorf("EPP pod %s, containers %+v", m.EPP.Status.Phase, m.EPP.Status.ContainerStatuses)
 			}
-			return nil
+			var lb corev1.Service
+			if err := m.Cluster.Client.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: fleetv1alpha1.FederationServiceName(o.Pool)}, &lb); err != nil {
+				return err
+			}
+			if in := lb.Status.LoadBalancer.Ingress; len(in) > 0 && in[0].IP != "" {
+				m.FederationAddress = net.JoinHostPort(in[0].IP, strconv.Itoa(FederationPort))
+				return nil
+			}
+			return fmt.Errorf("federation Service %s has no load-balancer address", lb.Name)
 		}); err != nil {
 			return nil, err
 		}
 		dir.Peers = append(dir.Peers, fleetv1alpha1.Peer{Cluster: m.Cluster.Name(),
 			Pool:              &fleetv1alpha1.PoolRef{Namespace: o.Namespace, Name: o.Pool},
-			FederationAddress: m.EPPAddr(FederationPort), GatewayAddress: m.GatewayAddr(), Identity: m.Identity, Mode: m.Mode})
+			FederationAddress: m.FederationAddress, GatewayAddress: m.GatewayAddr(), Identity: m.Identity, Mode: m.Mode})
 	}
 	peers, err := yaml.Marshal(dir)
 	if err != nil {
@@ -235,6 +249,7 @@ func (p *Pool) create(ctx context.Context, m *Member) error {
 		InferencePool(ns, p.Pool, p.Pool, EPPName(p.Pool)),
 		p.eppPod(m.Cluster.Name()),
 		EPPService(ns, EPPName(p.Pool)),
+		federationService(ns, p.Pool),
 		Route(ns, p.Pool, p.Host(), PoolRule(p.Pool)))
 	for _, o := range objs {
 		if err := client.IgnoreAlreadyExists(m.Cluster.Client.Create(ctx, o)); err != nil {
@@ -259,7 +274,7 @@ func (p *Pool) eppPod(cluster string) *corev1.Pod {
 	args = append(args, p.EPPArgs...)
 	pod := EPPPod(p.Namespace, p.Pool, "ghcr.io/fleetinfer/epp:dev", args...)
 	c := &pod.Spec.Containers[0]
-	c.Ports = append(c.Ports, corev1.ContainerPort{Name: "federation", ContainerPort: FederationPort})
+	c.Ports = append(c.Ports, corev1.ContainerPort{Name: fleetv1alpha1.FederationPortName, ContainerPort: FederationPort})
 	c.VolumeMounts = []corev1.VolumeMount{{Name: "config", MountPath: "/etc/epp"}, {Name: "tls", MountPath: "/etc/federation"}}
 	pod.Spec.Volumes = []corev1.Volume{
 		{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
@@ -297,6 +312,16 @@ func EPPService(ns, name string) *corev1.Service {
 	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name},
 			Ports: []corev1.ServicePort{{Name: "grpc", Port: GRPCPort, TargetPort: intstr.FromString("grpc")}}}}
+}
+
+// federationService exposes the picker's federation port on a load-balancer
+// address, reachable from every cluster whatever the pod network, as the
+// spoke does for a federated service (fleetv1alpha1.FederationServiceName).
+func federationService(ns, pool string) *corev1.Service {
+	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.FederationServiceName(pool), Namespace: ns},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": EPPName(pool)},
+			Ports: []corev1.ServicePort{{Name: fleetv1alpha1.FederationPortName, Port: FederationPort,
+				TargetPort: intstr.FromString(fleetv1alpha1.FederationPortName)}}}}
 }
 
 // EPPRBAC is what GIE's chart grants the picker: read its pool, the pods

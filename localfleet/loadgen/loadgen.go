@@ -27,6 +27,9 @@ type Entry struct {
 	// URL is the service's base URL at that gateway; completions go to
 	// URL + "/v1/completions".
 	URL string
+	// Host, when set, is the requests' Host header: the hostname of the
+	// service's HTTPRoute, for a gateway that serves several.
+	Host string
 	// Weight is the entry's share of arrivals, relative to the others.
 	Weight float64
 }
@@ -93,12 +96,13 @@ func Run(ctx context.Context, opts Options) []Result {
 	runCtx, cancel := context.WithTimeout(ctx, opts.Duration)
 	defer cancel()
 	limit := int(opts.Rate*opts.Duration.Seconds()) + 1
-	results := make([]Result, 0, limit)
-	var mu sync.Mutex
+	// results[i] is the i-th arrival's, written by whoever finishes it.
+	results := make([]Result, limit)
+	arrivals := 0
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, opts.MaxInFlight)
 	next := time.Now()
-	for i := 0; i < limit; i++ {
+	for ; arrivals < limit; arrivals++ {
 		next = next.Add(time.Duration(rng.ExpFloat64() / opts.Rate * float64(time.Second)))
 		select {
 		case <-runCtx.Done():
@@ -108,17 +112,15 @@ func Run(ctx context.Context, opts Options) []Result {
 			break
 		}
 		e := pick(opts.Entries, total, rng.Float64())
-		r := Result{Label: opts.Label, Entry: e.Name, Start: time.Now()}
+		r := &results[arrivals]
+		*r = Result{Label: opts.Label, Entry: e.Name, Start: time.Now()}
 		select {
 		case slots <- struct{}{}:
 		default:
 			r.Err = "dropped by the client: too many requests in flight"
-			mu.Lock()
-			results = append(results, r)
-			mu.Unlock()
 			continue
 		}
-		prompt := opts.Prompt(i)
+		prompt := opts.Prompt(arrivals)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -126,14 +128,12 @@ func Run(ctx context.Context, opts Options) []Result {
 			// Requests already sent finish even when the run's time is up.
 			reqCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.Timeout)
 			defer cancel()
-			complete(reqCtx, client, e.URL, opts.Model, prompt, opts.MaxTokens, &r)
-			mu.Lock()
-			results = append(results, r)
-			mu.Unlock()
+			*r = Send(reqCtx, client, e, opts.Model, prompt, opts.MaxTokens)
+			r.Label = opts.Label
 		}()
 	}
 	wg.Wait()
-	return results
+	return results[:arrivals]
 }
 
 func pick(entries []Entry, total, u float64) Entry {
@@ -147,14 +147,23 @@ func pick(entries []Entry, total, u float64) Entry {
 	return entries[len(entries)-1]
 }
 
+// Send sends one streaming completion through entry e, reads its
+// server-sent events and says what the client saw.
+func Send(ctx context.Context, client *http.Client, e Entry, model, prompt string, maxTokens int) Result {
+	r := Result{Entry: e.Name, Start: time.Now()}
+	complete(ctx, client, e, model, prompt, maxTokens, &r)
+	return r
+}
+
 // complete sends one streaming completion and reads its server-sent events.
-func complete(ctx context.Context, client *http.Client, url, model, prompt string, maxTokens int, r *Result) {
+func complete(ctx context.Context, client *http.Client, e Entry, model, prompt string, maxTokens int, r *Result) {
 	body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "ignore_eos": true, "stream": true})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(url, "/")+"/v1/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(e.URL, "/")+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
 		r.Err = err.Error()
 		return
 	}
+	req.Host = e.Host
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {

@@ -2,7 +2,10 @@ package loadgen
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -48,6 +51,37 @@ func TestPickFollowsWeights(t *testing.T) {
 	}{{0, "hot"}, {0.74, "hot"}, {0.76, "cold"}, {0.999, "cold"}} {
 		if got := pick(entries, 4, tc.u).Name; got != tc.want {
 			t.Errorf("pick(%v) = %s, want %s", tc.u, got, tc.want)
+		}
+	}
+}
+
+// Results come in arrival order, however the requests finish, and each
+// request carries its entry's Host.
+func TestRunReturnsResultsInArrivalOrderWithTheEntrysHost(t *testing.T) {
+	const n = 10
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Prompt string `json:"prompt"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		i, _ := strconv.Atoi(req.Prompt)
+		// The first arrivals answer last.
+		time.Sleep(time.Duration(n-i) * 20 * time.Millisecond)
+		w.Header().Set("x-inference-pod", req.Prompt+"@"+r.Host)
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	res := Run(context.Background(), Options{
+		Entries: []Entry{{Name: "only", URL: srv.URL, Host: "svc.test", Weight: 1}},
+		Rate:    200, Duration: time.Duration(n) * 5 * time.Millisecond, Model: "m", MaxTokens: 1, Seed: 1,
+		Prompt: strconv.Itoa,
+	})
+	if len(res) == 0 {
+		t.Fatal("no results")
+	}
+	for i, r := range res {
+		if want := strconv.Itoa(i) + "@svc.test"; !r.OK() || r.Pod != want {
+			t.Errorf("result %d: pod %q (%s), want %q", i, r.Pod, r.Err, want)
 		}
 	}
 }
