@@ -84,7 +84,7 @@ type deployment struct {
 }
 
 // deploy creates the scenario's model servers and fleetinfer's federated
-// pool (Endpoint mode everywhere: the loopback pod network is flat) with
+// pool (Endpoint mode everywhere: the benchmark runs the fleet with a flat pod network) with
 // fedpool, then the stock pool over the same pods, and warms both paths of
 // every gateway.
 func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig string) (*deployment, error) {

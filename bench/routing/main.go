@@ -37,6 +37,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/bench/internal/host"
 	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 type config struct {
@@ -177,7 +178,10 @@ func run(ctx context.Context, c config) error {
 		spokes[i].SimulatorArgs = nil
 	}
 	res := &results{Config: c, Run: host.StartRun(), FleetEPPConfig: c.fleetConfig}
-	fl, err := fleet.Start(ctx, fleet.Options{Spokes: spokes, NoControllers: true})
+	// Every policy here reaches remote pods directly (Endpoint mode), which
+	// needs pod addresses reachable across clusters: a flat pod network,
+	// through the default matrix's links.
+	fl, err := fleet.Start(ctx, fleet.Options{Spokes: spokes, NoControllers: true, PodNetwork: wan.Flat})
 	if err != nil {
 		if fl != nil {
 			fl.Stop()
