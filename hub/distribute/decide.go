@@ -252,7 +252,9 @@ func failedOver(before []string, prev, next decision, clusters []inventory.Clust
 func currentDecision(svc *v1alpha2.LLMInferenceService, memory *v1alpha2.PlacementStatus) decision {
 	d := decision{want: map[string]int32{}, reasons: map[string]string{}}
 	for _, c := range svc.Status.Clusters {
-		if c.Phase != PhaseLeaving {
+		// A cluster the decision asks no replicas of is not in it (its
+		// copy is leaving, being deleted, or could not be read).
+		if c.Phase != PhaseLeaving && c.DesiredReplicas > 0 {
 			d.want[c.Name], d.reasons[c.Name] = c.DesiredReplicas, c.PlacementReason
 		}
 	}

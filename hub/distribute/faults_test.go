@@ -118,3 +118,25 @@ func TestAHubServiceWaitsForARefusingSpokeOnlyForAWhile(t *testing.T) {
 		})
 	}
 }
+
+// The copy a move leaves is deleted; while it terminates and after it is
+// gone, the cluster is not part of the decision, so no copy comes back.
+func TestALeavingCopyThatTerminatesDoesNotComeBack(t *testing.T) {
+	going := hubCopy("llama", 1)
+	going.Finalizers = []string{"example.com/hold"}
+	going.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	f := newFleet(t, []client.Object{service("llama", 1), placementOf(fleetv1alpha1.Duplicated, "b")},
+		map[string][]client.Object{"a": {going}, "b": {hubCopy("llama", 1)}})
+	f.reconcile("llama")
+	f.reconcile("llama")
+	cp := f.copyIn("a", "llama")
+	cp.Finalizers = nil
+	if err := f.spokes["a"].Update(context.Background(), cp); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile("llama")
+	f.reconcile("llama")
+	if cp := f.copyIn("a", "llama"); cp != nil {
+		t.Errorf("a copy came back in the cluster the service left: %d replicas", *cp.Spec.Replicas)
+	}
+}

@@ -74,12 +74,10 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 			e.Phase, e.Ready, e.URL = PhaseConflict, false, ""
 			e.Message = fmt.Sprintf("LLMInferenceService %s/%s already exists in this cluster and was not created by the hub; it is left alone", svc.Namespace, svc.Name)
 			conflicts = append(conflicts, n)
-		case o.terminating:
+		case o.terminating && chosen:
 			e.Phase = PhaseTerminating
 			e.Message = "the copy is being deleted; its replicas do not count until it is gone"
-			if chosen {
-				pending = append(pending, n+" (terminating)")
-			}
+			pending = append(pending, n+" (terminating)")
 		case !chosen:
 			e.Phase = PhaseLeaving
 			e.Message = "kept until the clusters of the new placement are ready"
