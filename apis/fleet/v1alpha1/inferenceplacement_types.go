@@ -190,7 +190,8 @@ type AcceleratorRequirement struct {
 	Count int32 `json:"count"`
 }
 
-// Failover configures moving replicas off a failed cluster.
+// Failover configures moving replicas off a failed cluster, or off a
+// cluster whose copy does not turn Ready.
 type Failover struct {
 	// TolerationSeconds is how long a cluster may be unreachable or
 	// reported unavailable before its replicas move to healthy clusters.
@@ -199,6 +200,18 @@ type Failover struct {
 	// +kubebuilder:default=60
 	// +kubebuilder:validation:Minimum=0
 	TolerationSeconds *int32 `json:"tolerationSeconds,omitempty"`
+
+	// ReadyTimeoutSeconds is how long a cluster's copy may take to turn
+	// Ready after the hub created it or changed its spec (pods Pending for
+	// GPUs taken since the decision, images that do not pull, crash loops).
+	// Past it the copy is Stuck: its replicas are placed on other eligible
+	// clusters, and the stuck copy stays until they are Ready; when no other
+	// cluster can take them nothing moves. A stuck cluster gets none of the
+	// service's replicas until the placement or the service changes. Unset,
+	// the hub's --default-ready-timeout (10m) applies.
+	// +optional
+	// +kubebuilder:validation:Minimum=10
+	ReadyTimeoutSeconds *int32 `json:"readyTimeoutSeconds,omitempty"`
 }
 
 // FederationMode is how requests reach the pods of another cluster.

@@ -85,6 +85,53 @@ type PlacementStatus struct {
 	// LastDecisionTime is when the decision in force was made.
 	// +optional
 	LastDecisionTime *metav1.Time `json:"lastDecisionTime,omitempty"`
+	// StuckClusters held a copy that was not Ready within the placement's
+	// ready timeout; they get none of the service's replicas until the
+	// placement or the service changes (their generations here differ from
+	// the objects'), or, when no other cluster could take the replicas, until
+	// the stuck copy turns Ready.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	StuckClusters []StuckCluster `json:"stuckClusters,omitempty"`
+	// CopyClocks time each chosen cluster's copy against the ready timeout,
+	// from when the hub created it or changed its spec; kept here so a
+	// restarted hub counts on from where it was.
+	// +optional
+	// +listType=map
+	// +listMapKey=cluster
+	CopyClocks []CopyClock `json:"copyClocks,omitempty"`
+}
+
+// StuckCluster is a cluster whose copy of the service was not Ready within
+// the ready timeout.
+type StuckCluster struct {
+	// Name of the cluster.
+	Name string `json:"name"`
+	// Since is when the hub found the copy stuck.
+	Since metav1.Time `json:"since"`
+	// PlacementGeneration and ServiceGeneration are the generations of the
+	// InferencePlacement and the hub service then: a new one of either makes
+	// the cluster eligible again.
+	PlacementGeneration int64 `json:"placementGeneration"`
+	ServiceGeneration   int64 `json:"serviceGeneration"`
+}
+
+// CopyClock is when the hub asked one cluster's copy to run its current
+// spec, and whether it has been Ready since.
+type CopyClock struct {
+	// Cluster holding the copy.
+	Cluster string `json:"cluster"`
+	// Generation is the copy's metadata.generation the clock runs for: a
+	// new one (the hub changed the spec) restarts it.
+	Generation int64 `json:"generation"`
+	// AskedAt is when the hub created the copy or changed its spec to that
+	// generation (or first saw it there).
+	AskedAt metav1.Time `json:"askedAt"`
+	// Ready says the copy has been Ready at that generation: its clock has
+	// stopped, and it is never Stuck until its spec changes.
+	// +optional
+	Ready bool `json:"ready,omitempty"`
 }
 
 // FederationStatus is how other clusters reach a copy's endpoint picker.
@@ -113,7 +160,8 @@ type ClusterStatus struct {
 	// Ready is the copy's Ready condition.
 	Ready bool `json:"ready"`
 	// Phase: Placing (copy being created), Running, Leaving (kept until
-	// replacements are ready), Unreachable.
+	// replacements are ready), Stuck (not Ready within the placement's ready
+	// timeout), Unreachable, Conflict.
 	// +optional
 	Phase string `json:"phase,omitempty"`
 	// URL of the copy, as its cluster reports it.
