@@ -97,6 +97,9 @@ type Fleet struct {
 	// FailedOver lists the clusters that lost the service's replicas while
 	// unavailable (the decision memory's FailedOverClusters).
 	FailedOver []string
+	// Stuck lists the clusters whose copy of the service was not Ready
+	// within the ready timeout: they are not eligible for it.
+	Stuck []string
 	// DefaultToleration applies when the placement sets none.
 	DefaultToleration time.Duration
 	Now               time.Time
@@ -123,14 +126,14 @@ func Inputs(ctx context.Context, hub client.Reader, pl *fleetv1alpha1.InferenceP
 		if !ok {
 			if left := toleration - f.Now.Sub(c.UnavailableSince); left > 0 {
 				ok = true // within the toleration: keep its replicas where they are
-				requeue = minPositive(requeue, left+100*time.Millisecond)
+				requeue = MinPositive(requeue, left+100*time.Millisecond)
 			}
 		}
 		if ok && pl.Spec.Replicas.Rebalance == "Never" && slices.Contains(f.FailedOver, c.Name) {
 			ok = false // recovered, but the placement keeps replicas where failover put them
 		}
 		out = append(out, Cluster{Name: c.Name, Labels: c.Labels, Properties: c.Properties,
-			Healthy: ok, Capacity: capacities[i], Current: f.Held[c.Name]})
+			Healthy: ok, Stuck: slices.Contains(f.Stuck, c.Name), Capacity: capacities[i], Current: f.Held[c.Name]})
 	}
 	req := Request{Spec: pl.Spec, Replicas: ptr.Deref(svc.Spec.Replicas, 1), Need: NeedOf(svc, pl.Spec.Accelerator)}
 	var err error
@@ -267,8 +270,10 @@ func FederationMode(p *fleetv1alpha1.InferencePlacement) fleetv1alpha1.Federatio
 	return fleetv1alpha1.FederationEndpoint
 }
 
-func minPositive(a, b time.Duration) time.Duration {
-	if a <= 0 || b < a {
+// MinPositive is the sooner of two requeue delays, 0 (none) being the
+// latest.
+func MinPositive(a, b time.Duration) time.Duration {
+	if a <= 0 || (b > 0 && b < a) {
 		return b
 	}
 	return a

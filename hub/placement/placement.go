@@ -35,6 +35,9 @@ type Cluster struct {
 	// Healthy is false once the cluster has been unreachable or unavailable
 	// for longer than the placement tolerates.
 	Healthy bool
+	// Stuck says the service's copy here was not Ready within the
+	// placement's ready timeout: the cluster is not eligible for it.
+	Stuck bool
 	// Capacity is the cluster's ClusterCapacity report; nil when unknown.
 	Capacity *fleetv1alpha1.ClusterCapacityStatus
 	// Current is the service's replicas on this cluster whose pods are
@@ -161,6 +164,8 @@ func eligible(req Request, clusters []Cluster) ([]candidate, []string, error) {
 			why = "labels do not match"
 		case !propertiesMatch(aff.Properties, c.Properties):
 			why = "properties do not match"
+		case c.Stuck:
+			why = "its copy was not Ready within the ready timeout"
 		case !c.Healthy:
 			why = "unavailable beyond the failover toleration"
 		}

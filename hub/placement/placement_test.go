@@ -133,12 +133,15 @@ func withCurrent(c Cluster, n int32) Cluster {
 func TestDecisionExplainsExcludedClusters(t *testing.T) {
 	sick := gpuCluster("south", "H100", 8)
 	sick.Healthy = false
+	stuck := gpuCluster("north", "H100", 8)
+	stuck.Stuck = true
 	d, err := Decide(Request{Spec: spec(fleetv1alpha1.Duplicated), Replicas: 1, Need: Need{Product: "H100", PerPod: 1, Pods: 1}},
-		[]Cluster{gpuCluster("central", "L40S", 4), sick, {Name: "blind", Healthy: true}})
+		[]Cluster{gpuCluster("central", "L40S", 4), sick, stuck, {Name: "blind", Healthy: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"central (has no H100)", "south (unavailable beyond the failover toleration)", "blind (capacity not reported)"} {
+	for _, want := range []string{"central (has no H100)", "south (unavailable beyond the failover toleration)",
+		"north (its copy was not Ready within the ready timeout)", "blind (capacity not reported)"} {
 		if !strings.Contains(d.Message, want) {
 			t.Errorf("message %q lacks %q", d.Message, want)
 		}
