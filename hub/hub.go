@@ -71,6 +71,9 @@ type Options struct {
 	Namespace string
 	// DefaultToleration applies to placements that set none.
 	DefaultToleration time.Duration
+	// DefaultReadyTimeout applies to placements that set no
+	// failover.readyTimeoutSeconds.
+	DefaultReadyTimeout time.Duration
 	// ProbeInterval is how often each spoke's API server is probed.
 	ProbeInterval time.Duration
 	// ProbeFailureThreshold and ProbeSuccessThreshold are how many
@@ -118,7 +121,7 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 		return err
 	}
 	r := distribute.NewReconciler(mgr, inv, distribute.Options{DefaultToleration: opts.DefaultToleration, Workers: opts.Workers,
-		HubID: id, OrphanGrace: opts.OrphanGrace, ClusterTimeout: opts.ClusterTimeout})
+		HubID: id, OrphanGrace: opts.OrphanGrace, ClusterTimeout: opts.ClusterTimeout, DefaultReadyTimeout: opts.DefaultReadyTimeout})
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}

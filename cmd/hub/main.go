@@ -21,6 +21,7 @@ func main() {
 	var opts hub.Options
 	flag.StringVar(&opts.Namespace, "cluster-namespace", "fleetinfer-system", "Namespace of the spoke registrations: kubeconfig Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true, ClusterProfiles.")
 	flag.DurationVar(&opts.DefaultToleration, "default-failover-toleration", 60*time.Second, "How long a cluster may be unavailable before its replicas move, for placements that set no failover.tolerationSeconds.")
+	flag.DurationVar(&opts.DefaultReadyTimeout, "default-ready-timeout", distribute.DefaultReadyTimeout, "How long a cluster's copy may take to turn Ready after the hub created it or changed its spec before it is Stuck and its replicas move, for placements that set no failover.readyTimeoutSeconds.")
 	flag.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "How often each spoke's API server is probed.")
 	flag.IntVar(&opts.ProbeFailureThreshold, "probe-failure-threshold", 3, "Consecutive failed probes that make a spoke unavailable; the failover toleration counts from the first of them.")
 	flag.IntVar(&opts.ProbeSuccessThreshold, "probe-success-threshold", 2, "Consecutive good probes that make a spoke the probes found unavailable available again.")

@@ -97,9 +97,12 @@ func firstProblem(s *v1alpha2.LLMInferenceService) string {
 //
 // A decision that keeps (decide could not place the service, or placed it
 // nowhere, while it runs) writes nothing: every copy stays as it is.
-func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceService, d decision, clusters []inventory.Cluster, copies map[string]*observed) error {
+//
+// It returns the clusters whose copy it created or gave a new spec: their
+// ready timeout starts again (stuck.go).
+func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceService, d decision, clusters []inventory.Cluster, copies map[string]*observed) (map[string]bool, error) {
 	if d.keep {
-		return nil
+		return nil, nil
 	}
 	settled := true
 	for name, want := range d.want {
@@ -111,6 +114,7 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 	// Clusters are written in parallel: each write is an API round trip to a
 	// different cluster, and a service's latency is the slowest of them.
 	errs := make([]error, len(clusters))
+	asked := make([]bool, len(clusters))
 	var wg sync.WaitGroup
 	for i, c := range clusters {
 		o := copies[c.Name]
@@ -126,8 +130,9 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			if o.exists && o.replicas > want && !settled {
 				replicas = o.replicas // shrink once the others are ready
 			}
-			write = func(ctx context.Context) error {
-				return r.ensureCopy(ctx, c, desiredCopy(svc, r.opts.HubID, c.Name, replicas, d.federation), o)
+			write = func(ctx context.Context) (err error) {
+				asked[i], err = r.ensureCopy(ctx, c, desiredCopy(svc, r.opts.HubID, c.Name, replicas, d.federation), o)
+				return err
 			}
 		case o.exists && o.ours && settled:
 			write = func(ctx context.Context) error { return r.deletions.deleteCopy(ctx, c, svc.Namespace, svc.Name) }
@@ -142,7 +147,13 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	out := map[string]bool{}
+	for i, c := range clusters {
+		if asked[i] {
+			out[c.Name] = true
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 // desiredCopy is the service as one cluster runs it: the hub's spec with the
@@ -179,32 +190,33 @@ func desiredCopy(svc *v1alpha2.LLMInferenceService, hubID, cluster string, repli
 }
 
 // ensureCopy creates or updates the copy, and the namespace and configs it
-// needs, writing only what differs.
-func (r *Reconciler) ensureCopy(ctx context.Context, c inventory.Cluster, want *v1alpha2.LLMInferenceService, o *observed) error {
+// needs, writing only what differs. It says whether it asked the cluster to
+// run a spec: created the copy or changed its spec.
+func (r *Reconciler) ensureCopy(ctx context.Context, c inventory.Cluster, want *v1alpha2.LLMInferenceService, o *observed) (bool, error) {
 	if err := r.ensureNamespace(ctx, c, want.Namespace); err != nil {
-		return err
+		return false, err
 	}
 	if err := r.ensureConfigs(ctx, c, want); err != nil {
-		return err
+		return false, err
 	}
 	if !o.exists {
 		if err := c.Client.Create(ctx, want); err != nil {
-			return err
+			return false, err
 		}
 		copyWrites.WithLabelValues(c.Name, "create").Inc()
-		return nil
+		return true, nil
 	}
 	cur := o.obj.DeepCopy()
-	if equality.Semantic.DeepEqual(cur.Spec, want.Spec) && equality.Semantic.DeepEqual(cur.Labels, want.Labels) &&
-		equality.Semantic.DeepEqual(cur.Annotations, want.Annotations) {
-		return nil
+	sameSpec := equality.Semantic.DeepEqual(cur.Spec, want.Spec)
+	if sameSpec && equality.Semantic.DeepEqual(cur.Labels, want.Labels) && equality.Semantic.DeepEqual(cur.Annotations, want.Annotations) {
+		return false, nil
 	}
 	cur.Spec, cur.Labels, cur.Annotations = want.Spec, want.Labels, want.Annotations
 	if err := c.Client.Update(ctx, cur); err != nil {
-		return err
+		return false, err
 	}
 	copyWrites.WithLabelValues(c.Name, "update").Inc()
-	return nil
+	return !sameSpec, nil
 }
 
 // ensureNamespace creates the service's namespace in the spoke when missing.

@@ -43,6 +43,11 @@ type outcome struct {
 	failovers []failover
 	// requeue is when the next failover toleration ends.
 	requeue time.Duration
+	// readyTimeout is the placement's ready timeout (0 without a
+	// placement): how long a copy may take to turn Ready (stuck.go).
+	readyTimeout time.Duration
+	// stuck are the clusters whose copy is Stuck.
+	stuck []stuckCopy
 }
 
 // failover is one cluster losing its replicas to others while unavailable.
@@ -86,7 +91,15 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		}
 		return out, nil
 	}
-	now := time.Now()
+	now := r.timeNow()
+	current := currentDecision(svc, prev)
+	current.federation = placement.FederationMode(pl)
+	timeout := r.readyTimeout(pl)
+	stuck := stuckNow(prev, pl, svc, current, copies, timeout, now)
+	var previouslyStuck []v1alpha2.StuckCluster
+	if prev != nil {
+		previouslyStuck = prev.StuckClusters
+	}
 	held := map[string]int32{}
 	for name, o := range copies {
 		if o.ours {
@@ -94,7 +107,7 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		}
 	}
 	fleet := placement.Fleet{Clusters: clusters, Held: held, DefaultToleration: r.opts.DefaultToleration, Now: now,
-		ClusterTimeout: r.clusterTimeout()}
+		ClusterTimeout: r.clusterTimeout(), Stuck: stuckNames(stuck)}
 	if prev != nil {
 		fleet.FailedOver = prev.FailedOverClusters
 	}
@@ -115,21 +128,11 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 			fmt.Sprintf("InferencePlacement %s: %v", pl.Name, err)), memory: prev, requeue: requeue}, nil
 	}
 	fp := placement.Fingerprint(pl, svc, d.Eligible)
-	current := currentDecision(svc, prev)
-	current.federation = placement.FederationMode(pl)
 	// Replicas that fit nowhere are placed as soon as room appears.
 	morePlaced := current.unplaced > 0 && d.Unplaced < current.unplaced
 	if prev != nil && prev.InputsHash == fp && !morePlaced {
-		kept := *prev
-		kept.PlacementName = pl.Name
-		out := outcome{decision: current, memory: &kept, requeue: requeue}
-		if c := svc.Status.GetCondition(placement.Placed); c != nil && c.Status == corev1.ConditionTrue {
-			out.placed = ptr.To(*c)
-		} else if len(current.want) > 0 {
-			// The decision in force applies again after an error kept it.
-			out.placed = placedCondition(pl, current.want, current.unplaced, d.Message)
-		}
-		return out, nil
+		return inForce(svc, pl, current, prev, stuck, d.Message,
+			outcome{requeue: requeue, readyTimeout: timeout, stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, "")}), nil
 	}
 	next := decision{want: map[string]int32{}, reasons: map[string]string{}, unplaced: d.Unplaced, message: d.Message,
 		federation: current.federation}
@@ -137,6 +140,14 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		if c.Replicas > 0 {
 			next.want[c.Name], next.reasons[c.Name] = c.Replicas, c.Reason
 		}
+	}
+	if heldBack(stuck, current, next) {
+		// No other cluster takes a stuck cluster's replicas: nothing moves,
+		// the status says why, and the decision is made again at every
+		// reconcile (its inputs differ from the one in force) until room
+		// appears or the copy turns Ready.
+		return inForce(svc, pl, current, prev, stuck, d.Message, outcome{requeue: placement.MinPositive(requeue, heldRecheck),
+			readyTimeout: timeout, stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, d.Message)}), nil
 	}
 	if len(next.want) == 0 && next.unplaced > 0 && len(running.want) > 0 {
 		// Zero clusters for replicas that are asked for, while the service
@@ -150,8 +161,12 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		out.requeue = requeue
 		return out, nil
 	}
-	out := outcome{decision: next, requeue: requeue}
-	out.memory = &v1alpha2.PlacementStatus{PlacementName: pl.Name, InputsHash: fp, UnplacedReplicas: next.unplaced}
+	out := outcome{decision: next, requeue: requeue, readyTimeout: timeout,
+		stuck: describeStuck(stuck, previouslyStuck, current, next, copies, timeout, "")}
+	out.memory = &v1alpha2.PlacementStatus{PlacementName: pl.Name, InputsHash: fp, UnplacedReplicas: next.unplaced, StuckClusters: stuck}
+	if prev != nil {
+		out.memory.CopyClocks = prev.CopyClocks
+	}
 	out.memory.FailedOverClusters, out.failovers = failedOver(fleet.FailedOver, current, next, clusters)
 	changed := !equalWant(current.want, next.want) || current.unplaced != next.unplaced
 	if prev != nil && prev.LastDecisionTime != nil && !changed {
@@ -174,6 +189,29 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		out.placed = placedCondition(pl, next.want, next.unplaced, d.Message)
 	}
 	return out, nil
+}
+
+// heldRecheck is how often a decision that could not move a stuck
+// cluster's replicas is made again: capacity growing elsewhere raises no
+// event.
+const heldRecheck = 30 * time.Second
+
+// inForce completes out with the decision in force (current) kept: the
+// decision memory of prev under placement pl with the stuck clusters, and
+// the Placed condition as it is, or, after an error kept the decision, as
+// it applies again (msg from the placement's decision).
+func inForce(svc *v1alpha2.LLMInferenceService, pl *fleetv1alpha1.InferencePlacement, current decision, prev *v1alpha2.PlacementStatus,
+	stuck []v1alpha2.StuckCluster, msg string, out outcome) outcome {
+	kept := *prev
+	kept.PlacementName = pl.Name
+	kept.StuckClusters = stuck
+	out.decision, out.memory = current, &kept
+	if c := svc.Status.GetCondition(placement.Placed); c != nil && c.Status == corev1.ConditionTrue {
+		out.placed = ptr.To(*c)
+	} else if len(current.want) > 0 {
+		out.placed = placedCondition(pl, current.want, current.unplaced, msg)
+	}
+	return out
 }
 
 // placedCondition is the True Placed condition of a decision that places

@@ -323,7 +323,7 @@ func TestEventReasonsNameTheLoss(t *testing.T) {
 			f := newFleet(t, nil, nil)
 			svc := service("llama", 1)
 			svc.Status = *c.after
-			f.r.events(svc, c.before, c.failovers)
+			f.r.events(svc, c.before, c.failovers, nil)
 			close(f.recorder.Events)
 			var got []string
 			for e := range f.recorder.Events {

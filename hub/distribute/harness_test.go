@@ -144,6 +144,33 @@ func (f *fleet) markReady(cluster, name string, ready int32) {
 	}
 }
 
+// markNotReady makes a spoke's copy report ready of its replicas ready and
+// not Ready, its main workload saying why, as the spoke controller would
+// for pods Pending, pulling or crashing.
+func (f *fleet) markNotReady(cluster, name string, ready int32, why string) {
+	f.t.Helper()
+	cp := f.copyIn(cluster, name)
+	if cp == nil {
+		f.t.Fatalf("%s has no copy of %s", cluster, name)
+	}
+	cp.Status.ObservedGeneration = cp.Generation
+	cp.Status.MarkFalse(v1alpha2.MainWorkloadReady, "MinimumReplicasUnavailable", "%s", why)
+	cp.Status.MarkFalse(v1alpha2.Ready, "WorkloadsNotReady", "the main workload is not ready")
+	cp.Status.Workloads = &v1alpha2.WorkloadStatus{Primary: &v1alpha2.ObservedWorkloadStatus{ReadyReplicas: ptr.To(ready)}}
+	if err := f.spokes[cluster].Status().Update(context.Background(), cp); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// restartHub replaces the reconciler with a new one on the same hub and
+// spokes: nothing it knew in memory survives, as in a hub restarted or a
+// new leader.
+func (f *fleet) restartHub() {
+	old := f.r
+	f.r = &Reconciler{hub: old.hub, clusters: old.clusters, recorder: old.recorder, opts: old.opts,
+		deletions: &deletions{hubID: old.opts.HubID}, now: old.now}
+}
+
 func setReady(cp *v1alpha2.LLMInferenceService, ready int32) {
 	cp.Status.ObservedGeneration = cp.Generation
 	cp.Status.MarkTrue(v1alpha2.Ready)

@@ -53,6 +53,9 @@ const (
 	// PhaseTerminating: the copy is being deleted; it is not counted as
 	// ready, so no other copy shrinks or goes on its account.
 	PhaseTerminating = "Terminating"
+	// PhaseStuck: the copy was not Ready within the placement's ready
+	// timeout (stuck.go).
+	PhaseStuck = "Stuck"
 )
 
 // Options configure the reconciler.
@@ -72,6 +75,9 @@ type Options struct {
 	// OrphanGrace is how long a copy must stay orphaned (no hub service of
 	// its name) before the collector deletes it.
 	OrphanGrace time.Duration
+	// DefaultReadyTimeout applies to placements that set no
+	// failover.readyTimeoutSeconds (DefaultReadyTimeout when unset).
+	DefaultReadyTimeout time.Duration
 }
 
 // FinalizePatience is how long a deleted hub service waits for every
@@ -86,6 +92,9 @@ const ReasonCopiesLeft = "CopiesLeftToOrphanCollector"
 // DefaultClusterTimeout is Options.ClusterTimeout when unset.
 const DefaultClusterTimeout = 10 * time.Second
 
+// DefaultReadyTimeout is Options.DefaultReadyTimeout when unset.
+const DefaultReadyTimeout = 10 * time.Minute
+
 // Reconciler reconciles hub LLMInferenceServices.
 type Reconciler struct {
 	hub      client.Client
@@ -96,6 +105,8 @@ type Reconciler struct {
 	recorder  record.EventRecorder
 	opts      Options
 	deletions *deletions
+	// now reads the clock (time.Now when nil); tests move it.
+	now func() time.Time
 }
 
 // NewReconciler builds the reconciler on the hub (local) cluster's client.
@@ -130,10 +141,14 @@ var (
 		Name: "fleetinfer_hub_service_ready_clusters",
 		Help: "Clusters whose copy of a service is Ready.",
 	}, []string{"namespace", "service"})
+	stuckCopies = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_hub_stuck_copies_total",
+		Help: "Copies found Stuck (not Ready within the placement's ready timeout), by cluster.",
+	}, []string{"cluster"})
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(placementChanges, copyWrites, distributionLag, readyClusters)
+	ctrlmetrics.Registry.MustRegister(placementChanges, copyWrites, distributionLag, readyClusters, stuckCopies)
 }
 
 // +kubebuilder:rbac:groups=serving.kserve.io,resources=llminferenceservices;llminferenceserviceconfigs,verbs=get;list;watch;create;update;patch;delete
@@ -170,7 +185,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 	if err := r.writeStatus(ctx, svc, before); err != nil {
 		return ctrl.Result{}, errors.Join(recErr, err)
 	}
-	r.events(svc, before, out.failovers)
+	r.events(svc, before, out.failovers, out.stuck)
 	return ctrl.Result{RequeueAfter: out.requeue}, recErr
 }
 
@@ -184,12 +199,18 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	if decideErr != nil && out.placed == nil {
 		return outcome{}, decideErr
 	}
-	distErr := r.distribute(ctx, svc, out.decision, clusters, copies)
+	asked, distErr := r.distribute(ctx, svc, out.decision, clusters, copies)
 	if distErr == nil && !out.keep && len(out.want) > 0 && svc.Status.ObservedGeneration != svc.Generation {
 		distributionLag.Observe(time.Since(began).Seconds())
 	}
 	// Read back what the writes did, so the status is the clusters' own.
 	copies = r.observe(ctx, svc, clusters)
+	if out.memory != nil {
+		out.memory.CopyClocks = tickClocks(out.memory.CopyClocks, out.want, copies, asked, r.timeNow())
+		// No event comes when a copy stays Pending: look again when its
+		// deadline passes.
+		out.requeue = placement.MinPositive(out.requeue, untilFirstDeadline(out.memory.CopyClocks, out.readyTimeout, r.timeNow()))
+	}
 	report(svc, out, clusters, copies)
 	if svc.Status.Clusters != nil && !svc.Status.IsTrue(Distributed) && out.requeue == 0 {
 		out.requeue = 5 * time.Second
@@ -203,6 +224,13 @@ func (r *Reconciler) inCluster(ctx context.Context, f func(context.Context) erro
 	ctx, cancel := context.WithTimeout(ctx, r.clusterTimeout())
 	defer cancel()
 	return f(ctx)
+}
+
+func (r *Reconciler) timeNow() time.Time {
+	if r.now == nil {
+		return time.Now()
+	}
+	return r.now()
 }
 
 func (r *Reconciler) clusterTimeout() time.Duration {
@@ -258,15 +286,23 @@ func (r *Reconciler) writeStatus(ctx context.Context, svc *v1alpha2.LLMInference
 	})
 }
 
-// events records the decision's failovers and the transitions of the hub
-// conditions. A condition's Event reason is its type when True (Placed,
-// Distributed, Ready) and names the loss otherwise (NotPlaced,
-// NotDistributed, NotReady).
-func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.LLMInferenceServiceStatus, failovers []failover) {
+// events records the decision's failovers, the copies found Stuck, and the
+// transitions of the hub conditions. A condition's Event reason is its type
+// when True (Placed, Distributed, Ready) and names the loss otherwise
+// (NotPlaced, NotDistributed, NotReady).
+func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.LLMInferenceServiceStatus, failovers []failover, stuck []stuckCopy) {
 	readyClusters.WithLabelValues(svc.Namespace, svc.Name).Set(float64(countReady(svc.Status.Clusters)))
 	for _, f := range failovers {
 		r.recorder.Eventf(svc, corev1.EventTypeWarning, "Failover", "Cluster %s unavailable since %s (%s): its replicas move to %s",
 			f.cluster.Name, f.cluster.UnavailableSince.UTC().Format(time.RFC3339), f.cluster.Reason, f.to)
+	}
+	for _, s := range stuck {
+		if s.found {
+			stuckCopies.WithLabelValues(s.cluster).Inc()
+		}
+		if s.event != "" {
+			r.recorder.Event(svc, corev1.EventTypeWarning, "Stuck", s.event)
+		}
 	}
 	for _, t := range []v1alpha2.ConditionType{placement.Placed, Distributed, v1alpha2.Ready} {
 		was, is := before.GetCondition(t), svc.Status.GetCondition(t)

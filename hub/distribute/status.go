@@ -59,6 +59,7 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 			o = &observed{err: fmt.Errorf("cluster %s is not registered", n)}
 		}
 		want, chosen := d.want[n]
+		stuckMsg, stuck := stuckMessage(out.stuck, n)
 		e := v1alpha2.ClusterStatus{Name: n, DesiredReplicas: want, PlacementReason: d.reasons[n],
 			ReadyReplicas: o.readyReplicas, Ready: o.ready, URL: o.url, Message: o.message}
 		switch {
@@ -78,6 +79,11 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 			e.Phase = PhaseTerminating
 			e.Message = "the copy is being deleted; its replicas do not count until it is gone"
 			pending = append(pending, n+" (terminating)")
+		case stuck:
+			e.Phase, e.Message = PhaseStuck, stuckMsg
+			if !chosen {
+				pending = append(pending, n+" (stuck, leaving)")
+			}
 		case !chosen:
 			e.Phase = PhaseLeaving
 			e.Message = "kept until the clusters of the new placement are ready"
