@@ -132,7 +132,7 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	morePlaced := current.unplaced > 0 && d.Unplaced < current.unplaced
 	if prev != nil && prev.InputsHash == fp && !morePlaced {
 		return inForce(svc, pl, current, prev, stuck, d.Message,
-			outcome{requeue: requeue, readyTimeout: timeout, stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, "")}), nil
+			outcome{requeue: requeue, readyTimeout: timeout, stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, d.Message)}), nil
 	}
 	next := decision{want: map[string]int32{}, reasons: map[string]string{}, unplaced: d.Unplaced, message: d.Message,
 		federation: current.federation}
@@ -162,7 +162,7 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		return out, nil
 	}
 	out := outcome{decision: next, requeue: requeue, readyTimeout: timeout,
-		stuck: describeStuck(stuck, previouslyStuck, current, next, copies, timeout, "")}
+		stuck: describeStuck(stuck, previouslyStuck, current, next, copies, timeout, d.Message)}
 	out.memory = &v1alpha2.PlacementStatus{PlacementName: pl.Name, InputsHash: fp, UnplacedReplicas: next.unplaced, StuckClusters: stuck}
 	if prev != nil {
 		out.memory.CopyClocks = prev.CopyClocks

@@ -134,12 +134,13 @@ func placedReplicas(want map[string]int32) int32 {
 }
 
 // describeStuck says, for each stuck cluster whose copy is still there (not
-// being deleted) and not Ready, why it is stuck and what becomes of its replicas, going from
-// the decision before to the one after (the same when nothing moves;
-// nowhere says why the replicas found no other cluster then). Clusters in
-// previously are not newly found.
+// being deleted) and not Ready, why it is stuck and what becomes of its
+// replicas, going from the decision before to the one after (the same when
+// nothing moves; then decided, the message of the decision made without
+// the stuck clusters, says why their replicas found no other cluster).
+// Clusters in previously are not newly found.
 func describeStuck(stuck, previously []v1alpha2.StuckCluster, before, after decision, copies map[string]*observed,
-	timeout time.Duration, nowhere string) []stuckCopy {
+	timeout time.Duration, decided string) []stuckCopy {
 	var out []stuckCopy
 	for _, s := range stuck {
 		o := copies[s.Name]
@@ -159,7 +160,7 @@ func describeStuck(stuck, previously []v1alpha2.StuckCluster, before, after deci
 			sc.message = why + "; no other eligible cluster can take its replicas, so they stay"
 			if sc.found {
 				sc.event = fmt.Sprintf("Cluster %s: its copy is %s; no other eligible cluster can take its %d replicas (%s), so nothing moves",
-					s.Name, why, n, nowhere)
+					s.Name, why, n, decided)
 			}
 		default:
 			sc.message = why + "; kept until its replicas are Ready elsewhere"

@@ -11,6 +11,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 )
 
 // readyTimeout is the ready timeout of the placements in these tests.
@@ -291,4 +292,19 @@ func hubConditionsOf(svc *v1alpha2.LLMInferenceService) string {
 		out = append(out, string(c.Type)+"="+string(c.Status)+" ("+c.Message+")")
 	}
 	return strings.Join(out, "; ")
+}
+
+// No event comes while a copy stays Pending: the service is looked at again
+// when the copy's deadline passes.
+func TestAServiceIsLookedAtAgainWhenACopysDeadlinePasses(t *testing.T) {
+	f, advance := pendingInB(t, twoOfThree(), 0)
+	advance(readyTimeout / 2)
+	res, err := f.r.Reconcile(t.Context(), watch.Request(ns, "llama"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The clock is stored to the second.
+	if left := readyTimeout / 2; res.RequeueAfter < left-time.Second || res.RequeueAfter > left+time.Second {
+		t.Errorf("requeued after %s, want about %s, when b's deadline passes", res.RequeueAfter, left)
+	}
 }
