@@ -24,9 +24,11 @@ import (
 // The clock is the decision memory's (status.placement.copyClocks): one
 // entry per chosen copy with the generation the hub asked for and when. It
 // lives with the rest of the memory on the hub object, so a restarted hub or
-// a new leader counts on from where the last one was, and it needs no write
-// to the spokes: an annotation on the copy would cost a write of its own
-// and be lost with the copy. A stuck cluster is eligible again when the
+// a new leader counts on from where the last one was, and it is written in
+// the status update the reconcile makes anyway. An annotation on the copy
+// would do too, but would have to be carried through every copy write (the
+// hub writes a copy only when it differs) and read back from the spoke. A
+// stuck cluster is eligible again when the
 // placement or the service changes (a new generation of either: the fix, a
 // new image or other clusters, is an edit), or, if its replicas could not
 // move, as soon as its copy turns Ready. There is no timer that brings it
