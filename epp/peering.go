@@ -51,13 +51,19 @@ type FederationOptions struct {
 	SourceAddress    string
 }
 
+// maxReconnectBackoff caps the wait between a peer's reconnects. A reconnect
+// made during a partition waits out the staleness bound before it fails, so
+// after the link heals a peer is back within the staleness plus this: 4 s
+// with the defaults, inside the 5 s a partition's end should take to heal.
+const maxReconnectBackoff = 2 * time.Second
+
 // NewFederationOptions returns the defaults.
 func NewFederationOptions() *FederationOptions {
 	return &FederationOptions{
 		Port: fleetv1alpha1.FederationPort, Mode: string(fleetv1alpha1.FederationEndpoint), Staleness: 2 * time.Second,
 		PublishInterval: 50 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
 		MaxEndpoints: federation.DefaultLimits.MaxEndpoints, MaxMessageBytes: federation.DefaultLimits.MaxMessageBytes,
-		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
+		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: maxReconnectBackoff,
 		LaggingAfter: 500 * time.Millisecond, SubscriberBuffer: 64,
 	}
 }
