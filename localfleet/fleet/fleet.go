@@ -188,8 +188,7 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	agentCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	f.cancel = cancel
 
-	hubCRDs, err := crds.ThirdParty(crds.GroupOCMCluster, crds.GroupOCMWork, crds.GroupOCMAddon,
-		crds.GroupClusterInv, crds.GroupGIE, crds.GroupGIEExperiment)
+	hubCRDs, err := HubCRDs()
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +202,7 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	if err != nil {
 		return nil, err
 	}
-	hubCRDs, spokeCRDs = append(hubCRDs, own...), append(spokeCRDs, own...)
+	spokeCRDs = append(spokeCRDs, own...)
 
 	// Control planes first, all at once; each cluster then installs its CRDs.
 	f.Spokes = make([]*Cluster, len(opts.Spokes))
@@ -266,6 +265,21 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	}
 	f.StartupTime = time.Since(began)
 	return f, nil
+}
+
+// HubCRDs are the CRDs a hub cluster has: OCM's, the Cluster Inventory
+// API's, GIE's and fleetinfer's own.
+func HubCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	third, err := crds.ThirdParty(crds.GroupOCMCluster, crds.GroupOCMWork, crds.GroupOCMAddon,
+		crds.GroupClusterInv, crds.GroupGIE, crds.GroupGIEExperiment)
+	if err != nil {
+		return nil, err
+	}
+	own, err := apis.CRDs()
+	if err != nil {
+		return nil, err
+	}
+	return append(third, own...), nil
 }
 
 // withLogTails appends to err the last lines of each log file under dir
