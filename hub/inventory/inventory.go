@@ -365,30 +365,37 @@ type verdict struct {
 // Without a registration of either kind the probe alone decides.
 func (i *Inventory) registrationAvailable(ctx context.Context, name string) verdict {
 	mc := &clusterv1.ManagedCluster{}
-	switch err := i.opts.Hub.Get(ctx, client.ObjectKey{Name: name}, mc); {
-	case err == nil:
-		c := meta.FindStatusCondition(mc.Status.Conditions, clusterv1.ManagedClusterConditionAvailable)
-		if c != nil && c.Status != metav1.ConditionTrue {
-			return verdict{known: true, since: c.LastTransitionTime.Time,
-				reason: fmt.Sprintf("ManagedCluster %s is %s=%s (%s)", name, c.Type, c.Status, c.Reason)}
-		}
-	case !absent(err):
-		return verdict{}
+	err := i.opts.Hub.Get(ctx, client.ObjectKey{Name: name}, mc)
+	if v, decided := conditionVerdict("ManagedCluster "+name, err, mc.Status.Conditions, clusterv1.ManagedClusterConditionAvailable); decided {
+		return v
 	}
 	cp := &clusterinventoryv1alpha1.ClusterProfile{}
-	switch err := i.opts.Hub.Get(ctx, client.ObjectKey{Namespace: i.opts.Namespace, Name: name}, cp); {
-	case err == nil:
-		c := meta.FindStatusCondition(cp.Status.Conditions, clusterinventoryv1alpha1.ClusterConditionControlPlaneHealthy)
-		// Unknown counts as unhealthy, as OCM's Available=Unknown does: it is
-		// what a cluster manager reports when it lost touch with the cluster.
-		if c != nil && c.Status != metav1.ConditionTrue {
-			return verdict{known: true, since: c.LastTransitionTime.Time,
-				reason: fmt.Sprintf("ClusterProfile %s is ControlPlaneHealthy=%s (%s)", name, c.Status, c.Reason)}
-		}
-	case !absent(err):
-		return verdict{}
+	err = i.opts.Hub.Get(ctx, client.ObjectKey{Namespace: i.opts.Namespace, Name: name}, cp)
+	// Unknown counts as unhealthy, as OCM's Available=Unknown does: it is
+	// what a cluster manager reports when it lost touch with the cluster.
+	if v, decided := conditionVerdict("ClusterProfile "+name, err, cp.Status.Conditions, clusterinventoryv1alpha1.ClusterConditionControlPlaneHealthy); decided {
+		return v
 	}
 	return verdict{known: true, available: true}
+}
+
+// conditionVerdict is one registration's verdict from the read of it (err)
+// and its conditions: decided when the read failed (unknown) or the
+// condition of that type is there and not True (unavailable); a missing
+// registration or condition leaves the verdict to the next one.
+func conditionVerdict(what string, err error, conds []metav1.Condition, condType string) (verdict, bool) {
+	switch {
+	case err != nil && absent(err):
+		return verdict{}, false
+	case err != nil:
+		return verdict{}, true
+	}
+	c := meta.FindStatusCondition(conds, condType)
+	if c == nil || c.Status == metav1.ConditionTrue {
+		return verdict{}, false
+	}
+	return verdict{known: true, since: c.LastTransitionTime.Time,
+		reason: fmt.Sprintf("%s is %s=%s (%s)", what, c.Type, c.Status, c.Reason)}, true
 }
 
 // absent reports whether a registration read failed only because there is
