@@ -109,3 +109,44 @@ func TestRestartKeepsDataAndStopLeavesNothingRunning(t *testing.T) {
 		t.Fatalf("configmap data = %v", got.Data)
 	}
 }
+
+// Restarting the API server alone replaces that one process: the new one
+// serves the same data at the same address, and etcd keeps running.
+func TestRestartAPIServerReplacesOnlyTheAPIServer(t *testing.T) {
+	reg := &process.Registry{}
+	cp := start(t, reg)
+	ctx := context.Background()
+	cs, err := kubernetes.NewForConfig(cp.Admin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: "default"}}
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pids := map[string]int{}
+	for _, p := range reg.Started() {
+		pids[p.Name] = p.PID()
+	}
+	if err := cp.RestartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("default").Get(ctx, "kept", metav1.GetOptions{}); err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+	apiservers := 0
+	for _, p := range reg.Started() {
+		switch {
+		case p.Name == cp.Name()+"/kube-apiserver":
+			apiservers++
+			if p.Exited() == (p.PID() != pids[p.Name]) {
+				t.Errorf("API server pid %d exited=%v; the first was %d", p.PID(), p.Exited(), pids[p.Name])
+			}
+		case p.Exited():
+			t.Errorf("%s exited", p.Name)
+		}
+	}
+	if apiservers != 2 {
+		t.Errorf("%d API servers started, want the first and its replacement", apiservers)
+	}
+}
