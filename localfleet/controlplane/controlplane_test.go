@@ -81,16 +81,8 @@ func TestUserConfigIsSubjectToRBAC(t *testing.T) {
 // process behind.
 func TestRestartKeepsDataAndStopLeavesNothingRunning(t *testing.T) {
 	reg := &process.Registry{}
-	cp := start(t, reg)
+	cp, cs := startWithData(t, reg)
 	ctx := context.Background()
-	cs, err := kubernetes.NewForConfig(cp.Admin())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: "default"}, Data: map[string]string{"k": "v"}}
-	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	cp.Stop()
 	if alive := reg.Alive(); len(alive) > 0 {
 		t.Fatalf("still running after Stop: %v", alive)
@@ -114,16 +106,8 @@ func TestRestartKeepsDataAndStopLeavesNothingRunning(t *testing.T) {
 // serves the same data at the same address, and etcd keeps running.
 func TestRestartAPIServerReplacesOnlyTheAPIServer(t *testing.T) {
 	reg := &process.Registry{}
-	cp := start(t, reg)
+	cp, cs := startWithData(t, reg)
 	ctx := context.Background()
-	cs, err := kubernetes.NewForConfig(cp.Admin())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: "default"}}
-	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	pids := map[string]int{}
 	for _, p := range reg.Started() {
 		pids[p.Name] = p.PID()
@@ -149,4 +133,20 @@ func TestRestartAPIServerReplacesOnlyTheAPIServer(t *testing.T) {
 	if apiservers != 2 {
 		t.Errorf("%d API servers started, want the first and its replacement", apiservers)
 	}
+}
+
+// startWithData starts a control plane holding ConfigMap default/kept
+// (k=v), for tests of what a restart keeps.
+func startWithData(t *testing.T, reg *process.Registry) (*controlplane.ControlPlane, kubernetes.Interface) {
+	t.Helper()
+	cp := start(t, reg)
+	cs, err := kubernetes.NewForConfig(cp.Admin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: "default"}, Data: map[string]string{"k": "v"}}
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return cp, cs
 }
