@@ -71,6 +71,9 @@ type Options struct {
 	NoLeaderWorkerSet bool
 	// HubArgs are extra flags for bin/hub.
 	HubArgs []string
+	// HubReplicas is how many bin/hub processes run (default 1); above 1
+	// they elect a leader, as the install manifests' replicas do.
+	HubReplicas int
 	// ClusterProvider is how bin/hub finds the spokes (its
 	// --cluster-provider): "" or "kubeconfig" for the kubeconfig Secrets,
 	// "clusterprofile" for the ClusterProfiles; the fleet writes both.
@@ -109,7 +112,8 @@ type Cluster struct {
 	// link between them (APIAddress). The fleet's own clients use URL().
 	HubURL string
 	// ControllerMetrics is the Prometheus endpoint of fleetinfer's
-	// controller in this cluster, empty when it does not run one.
+	// controller in this cluster, empty when it does not run one; on the
+	// hub, the leading replica's as HubLeader last found it.
 	ControllerMetrics string
 	Spec              SpokeSpec
 }
@@ -133,6 +137,12 @@ type Fleet struct {
 	cancel   context.CancelFunc
 	agents   sync.WaitGroup
 	stopOnce sync.Once
+
+	// hubArgs are bin/hub's flags; hubs every replica started.
+	hubArgs     []string
+	hubMu       sync.Mutex
+	hubs        []*HubReplica
+	hubsStarted int
 }
 
 // Namespace holds the fleet's registration objects on the hub.
