@@ -184,8 +184,8 @@ func reportFault(name, format string, args ...any) {
 	fmt.Printf("FAULT %s: %s\n", name, fmt.Sprintf(format, args...))
 }
 
-// fleetReadyPods counts the Ready pods of the service across the running
-// spokes.
+// fleetReadyPods counts the Ready model-server pods of the service across
+// the running spokes.
 func fleetReadyPods(ctx context.Context, ns, name string) (int, error) {
 	n := 0
 	for _, s := range fl.Spokes {
