@@ -36,7 +36,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
+.PHONY: all tools build test chaos unit e2e demo vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
 
 all: build
 
@@ -85,6 +85,10 @@ build: ## Build fleetinfer's binaries into bin/.
 
 test: tools build vet verify-generated verify-layering fuzz ## Build everything and run every test.
 	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
+
+chaos: tools build ## The hub's fault suite at full length (2-min cordon and black hole, 20 leader kills, ...), then the steady-state test; FAULT lines give the figures.
+	FLEETINFER_CHAOS=1 go test -timeout $(TEST_TIMEOUT) -count=1 -v ./e2e -run '^(TestFault.*|TestASecondHubOnTheSameSpokesLeavesTheFirstHubsCopiesAlone|TestHubMovesTheReplicasOfACopyStuckPendingForGPUs|TestHubSteadyStateMakesNoWrites)$$' \
+		| tee chaos.log | grep -E '^(FAULT|--- |ok|FAIL|PASS)'
 
 bench: bench-epp bench-hub bench-routing ## Run the benchmarks; results in bench/results/.
 
