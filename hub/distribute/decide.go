@@ -260,22 +260,24 @@ func keepOutcome(running decision, prev *v1alpha2.PlacementStatus, reason, cause
 
 // failedOver returns the clusters that lost their replicas while
 // unavailable, remembered for Rebalance: Never, sorted; and the ones this
-// decision newly moved replicas away from. A cluster back in the decision is
-// no longer failed over.
+// decision newly moved replicas away from, for Events. A cluster of the
+// previous decision that the hub has not engaged at all (a hub that
+// started while the cluster was down) lost its replicas the same way. A
+// cluster back in the decision is no longer failed over.
 func failedOver(before []string, prev, next decision, clusters []inventory.Cluster) ([]string, []failover) {
 	failed := slices.Clone(before)
 	var moved []failover
-	for _, c := range clusters {
-		if _, had := prev.want[c.Name]; !had || c.Available() {
+	for name := range prev.want {
+		i := slices.IndexFunc(clusters, func(c inventory.Cluster) bool { return c.Name == name })
+		if _, keeps := next.want[name]; keeps || (i >= 0 && clusters[i].Available()) {
 			continue
 		}
-		if _, keeps := next.want[c.Name]; keeps {
-			continue
+		if !slices.Contains(failed, name) {
+			failed = append(failed, name)
 		}
-		if !slices.Contains(failed, c.Name) {
-			failed = append(failed, c.Name)
+		if i >= 0 {
+			moved = append(moved, failover{cluster: clusters[i], to: clusterNames(next.want)})
 		}
-		moved = append(moved, failover{cluster: c, to: clusterNames(next.want)})
 	}
 	failed = slices.DeleteFunc(failed, func(n string) bool { _, in := next.want[n]; return in })
 	slices.Sort(failed)
