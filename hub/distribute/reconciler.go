@@ -199,7 +199,15 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	if decideErr != nil && out.placed == nil {
 		return outcome{}, decideErr
 	}
-	asked, distErr := r.distribute(ctx, svc, out.decision, clusters, copies)
+	var clocks []v1alpha2.CopyClock
+	if out.memory != nil {
+		clocks = out.memory.CopyClocks
+	}
+	out.staged = planRollout(out.rollout, out.decision, copies, clocks, func(cluster string) *v1alpha2.LLMInferenceService {
+		return desiredCopy(svc, r.opts.HubID, cluster, out.want[cluster], out.federation)
+	}, r.timeNow())
+	out.requeue = placement.MinPositive(out.requeue, out.staged.requeue)
+	asked, distErr := r.distribute(ctx, svc, out.decision, out.staged.hold, clusters, copies)
 	if distErr == nil && !out.keep && len(out.want) > 0 && svc.Status.ObservedGeneration != svc.Generation {
 		distributionLag.Observe(time.Since(began).Seconds())
 	}
@@ -289,7 +297,8 @@ func (r *Reconciler) writeStatus(ctx context.Context, svc *v1alpha2.LLMInference
 // events records the decision's failovers, the copies found Stuck, and the
 // transitions of the hub conditions. A condition's Event reason is its type
 // when True (Placed, Distributed, Ready) and names the loss otherwise
-// (NotPlaced, NotDistributed, NotReady).
+// (NotPlaced, NotDistributed, NotReady); a rollout's is its reason, a
+// Warning only when it stalls.
 func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.LLMInferenceServiceStatus, failovers []failover, stuck []stuckCopy) {
 	readyClusters.WithLabelValues(svc.Namespace, svc.Name).Set(float64(countReady(svc.Status.Clusters)))
 	for _, f := range failovers {
@@ -304,13 +313,13 @@ func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.
 			r.recorder.Event(svc, corev1.EventTypeWarning, "Stuck", s.event)
 		}
 	}
-	for _, t := range []v1alpha2.ConditionType{placement.Placed, Distributed, v1alpha2.Ready} {
+	for _, t := range []v1alpha2.ConditionType{placement.Placed, Distributed, v1alpha2.Ready, RolledOut} {
 		was, is := before.GetCondition(t), svc.Status.GetCondition(t)
 		if is == nil || (was != nil && was.Status == is.Status && was.Reason == is.Reason) {
 			continue
 		}
 		typ := corev1.EventTypeNormal
-		if is.Status != corev1.ConditionTrue {
+		if is.Status != corev1.ConditionTrue && is.Reason != ReasonRolloutProgressing {
 			typ = corev1.EventTypeWarning
 		}
 		msg := is.Message
@@ -322,9 +331,13 @@ func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.
 }
 
 // eventReason is the reason of the Event that marks condition c's
-// transition.
+// transition. A rollout's is its own reason (RolloutProgressing,
+// RolloutStalled, RolledOut).
 func eventReason(c *v1alpha2.Condition) string {
-	if c.Status == corev1.ConditionTrue {
+	switch {
+	case c.Type == RolledOut:
+		return c.Reason
+	case c.Status == corev1.ConditionTrue:
 		return string(c.Type)
 	}
 	return "Not" + string(c.Type)
