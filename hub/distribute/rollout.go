@@ -74,7 +74,9 @@ func planRollout(ro fleetv1alpha1.Rollout, d decision, copies map[string]*observ
 	var outdated, notReadyOutdated, updated, inFlight, stalled []string
 	var stallWhy []string
 	plan := rolloutPlan{hold: map[string]bool{}}
-	soon := func(at time.Time) { plan.requeue = placement.MinPositive(plan.requeue, at.Sub(now)+100*time.Millisecond) }
+	soon := func(at time.Time) {
+		plan.requeue = placement.MinPositive(plan.requeue, at.Sub(now)+100*time.Millisecond)
+	}
 	for _, name := range slices.Sorted(maps.Keys(d.want)) {
 		o := copies[name]
 		if o == nil || o.err != nil || !o.exists || !o.ours || o.terminating {
