@@ -269,8 +269,11 @@ spec:
 	if !strings.Contains(args, "--pool-name routed-inference-pool") || !strings.Contains(args, "--pool-namespace "+ns) || !strings.Contains(args, "--secure-serving=false") {
 		t.Errorf("epp args %s", args)
 	}
-	if epp.Spec.Template.Spec.ServiceAccountName != "routed-epp-sa" || epp.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
-		t.Errorf("epp sa %q strategy %q", epp.Spec.Template.Spec.ServiceAccountName, epp.Spec.Strategy.Type)
+	// A single picker is surged, never recreated: the old one serves until
+	// the new one is Ready.
+	if ru := epp.Spec.Strategy.RollingUpdate; epp.Spec.Template.Spec.ServiceAccountName != "routed-epp-sa" ||
+		epp.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil || ru.MaxUnavailable.String() != "0" || ru.MaxSurge.String() != "1" {
+		t.Errorf("epp sa %q strategy %+v", epp.Spec.Template.Spec.ServiceAccountName, epp.Spec.Strategy)
 	}
 	eppSvc := &corev1.Service{}
 	get(t, key(ns, "routed-epp-service"), eppSvc)

@@ -90,3 +90,20 @@ func TestADeploymentIsReadyOnlyOnceItsCurrentTemplateRunsEveryReplica(t *testing
 		})
 	}
 }
+
+// A single picker is surged and the old one stays until the new one is
+// Ready; leader-elected pickers (only the leader is Ready) may all go at
+// once, or the new ones could never take the lease.
+func TestThePickerRollsWithoutAGapWhereItCan(t *testing.T) {
+	cases := []struct {
+		replicas                 int32
+		maxSurge, maxUnavailable string
+	}{{1, "1", "0"}, {3, "1", "100%"}}
+	for _, c := range cases {
+		s := pickerRollout(c.replicas)
+		if s.Type != appsv1.RollingUpdateDeploymentStrategyType || s.RollingUpdate == nil ||
+			s.RollingUpdate.MaxSurge.String() != c.maxSurge || s.RollingUpdate.MaxUnavailable.String() != c.maxUnavailable {
+			t.Errorf("%d replicas: strategy %+v, want RollingUpdate maxSurge %s maxUnavailable %s", c.replicas, s, c.maxSurge, c.maxUnavailable)
+		}
+	}
+}
