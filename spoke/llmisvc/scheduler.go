@@ -156,6 +156,11 @@ func (r *Reconciler) reconcileEPPIdentity(ctx context.Context, svc *v1alpha2.LLM
 		}),
 	}
 	if metricsAuthEnabled(tmpl) {
+		if owner == client.Object(svc) {
+			if err := r.setFinalizer(ctx, svc, true); err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+		}
 		errs = append(errs, ensure(ctx, r, owner, &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: eppAuthBindingName(svc), Labels: withLabels(labels, ownerNamespaceLabel, svc.Namespace)},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:auth-delegator"},
@@ -178,8 +183,16 @@ func metricsAuthEnabled(pod *corev1.PodSpec) bool {
 	return true
 }
 
+// removeClusterScoped removes the cluster-scoped children of owner; a
+// service then needs its finalizer no more.
 func (r *Reconciler) removeClusterScoped(ctx context.Context, svc *v1alpha2.LLMInferenceService, owner client.Object) error {
-	return remove(ctx, r, owner, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppAuthBindingName(svc)}})
+	if err := remove(ctx, r, owner, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppAuthBindingName(svc)}}); err != nil {
+		return err
+	}
+	if owner != client.Object(svc) {
+		return nil
+	}
+	return r.setFinalizer(ctx, svc, false)
 }
 
 // desiredEPPDeployment is the endpoint picker, its EndpointPickerConfig
