@@ -27,6 +27,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
@@ -84,6 +85,10 @@ type Options struct {
 // reachable cluster to delete its copy before it goes anyway, leaving the
 // rest to the orphan collector.
 const FinalizePatience = 2 * time.Minute
+
+// finalizeRetry is how soon a deleted hub service whose copies could not
+// all be deleted is looked at again.
+const finalizeRetry = 5 * time.Second
 
 // ReasonCopiesLeft is the Event of a hub service that went before all its
 // copies did.
@@ -172,7 +177,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !svc.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, svc)
+		if err := r.finalize(ctx, svc); err != nil {
+			// Retried within finalizeRetry rather than by the queue's
+			// backoff, which after two minutes of failures waits minutes
+			// more: the patience must end on time.
+			log.FromContext(ctx).Error(err, "copies not deleted yet; retrying", "patienceLeft", FinalizePatience-time.Since(svc.DeletionTimestamp.Time))
+			return ctrl.Result{RequeueAfter: finalizeRetry}, nil
+		}
+		return ctrl.Result{}, nil
 	}
 	if controllerutil.AddFinalizer(svc, Finalizer) {
 		if err := r.hub.Update(ctx, svc); err != nil {
