@@ -212,10 +212,11 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 		return outcome{}, decideErr
 	}
 	var clocks []v1alpha2.CopyClock
+	var stuck []v1alpha2.StuckCluster
 	if out.memory != nil {
-		clocks = out.memory.CopyClocks
+		clocks, stuck = out.memory.CopyClocks, out.memory.StuckClusters
 	}
-	out.staged = planRollout(out.rollout, out.decision, copies, clocks, func(cluster string) *v1alpha2.LLMInferenceService {
+	out.staged = planRollout(out.rollout, out.decision, copies, clocks, stuck, func(cluster string) *v1alpha2.LLMInferenceService {
 		return desiredCopy(svc, r.opts.HubID, cluster, out.want[cluster], out.federation)
 	}, r.timeNow())
 	out.requeue = placement.MinPositive(out.requeue, out.staged.requeue)

@@ -61,8 +61,13 @@ type rolloutPlan struct {
 // planRollout stages the change of decision d under the placement's
 // rollout. desired is the copy a cluster should run; clocks are the copy
 // clocks of the decision memory.
+//
+// A cluster Stuck under the service's current generation (stuck.go) stalls
+// the rollout too: once its replicas have moved away it is no longer
+// chosen, and without this the next stage would carry the change that
+// stuck it to the next cluster.
 func planRollout(ro fleetv1alpha1.Rollout, d decision, copies map[string]*observed, clocks []v1alpha2.CopyClock,
-	desired func(cluster string) *v1alpha2.LLMInferenceService, now time.Time) rolloutPlan {
+	stuck []v1alpha2.StuckCluster, desired func(cluster string) *v1alpha2.LLMInferenceService, now time.Time) rolloutPlan {
 	if ro.Strategy != fleetv1alpha1.RolloutProgressive || d.keep {
 		return rolloutPlan{}
 	}
@@ -112,6 +117,12 @@ func planRollout(ro fleetv1alpha1.Rollout, d decision, copies map[string]*observ
 			if clock != nil {
 				soon(clock.AskedAt.Add(deadline))
 			}
+		}
+	}
+	for _, st := range stuck {
+		if !slices.Contains(stalled, st.Name) {
+			stalled = append(stalled, st.Name)
+			stallWhy = append(stallWhy, fmt.Sprintf("%s (its copy is Stuck)", st.Name))
 		}
 	}
 	// Copies that are not Ready are updated at once, outside the limit:

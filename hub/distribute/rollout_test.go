@@ -182,3 +182,40 @@ func TestTheAllRolloutWritesAChangeEverywhereAtOnce(t *testing.T) {
 		t.Errorf("RolledOut %s under All", got)
 	}
 }
+
+// A cluster Stuck under the current version stalls the rollout even once
+// its replicas have moved away and it is no longer chosen: the change that
+// stuck it goes no further.
+func TestAStuckClusterStallsTheRolloutAfterItsReplicasMoved(t *testing.T) {
+	pl := progressive(fleetv1alpha1.RolloutProgressive)
+	ready := func(model string) *observed {
+		cp := hubCopy("llama", 1)
+		cp.Spec.Model.URI = model
+		return &observed{exists: true, ours: true, ready: true, replicas: 1, readyReplicas: 1, obj: cp}
+	}
+	desired := func(string) *v1alpha2.LLMInferenceService {
+		svc := service("llama", 1)
+		svc.Spec.Model.URI = newModel
+		return desiredCopy(svc, testHubID, "", 1, "")
+	}
+	d := decision{want: map[string]int32{"b": 2, "c": 1}}
+	copies := map[string]*observed{"b": ready(oldModel), "c": ready(oldModel)}
+	for _, tc := range []struct {
+		name  string
+		stuck []v1alpha2.StuckCluster
+		held  int
+	}{
+		{"no cluster stuck: the next stage starts", nil, 1},
+		{"a stuck: nothing more is updated", []v1alpha2.StuckCluster{{Name: "a"}}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := planRollout(pl.Spec.Rollout, d, copies, nil, tc.stuck, desired, time.Now())
+			if len(plan.hold) != tc.held {
+				t.Errorf("held %v, want %d clusters held", plan.hold, tc.held)
+			}
+			if stalled := plan.condition.Reason == ReasonRolloutStalled; stalled != (tc.stuck != nil) {
+				t.Errorf("RolledOut %+v", plan.condition)
+			}
+		})
+	}
+}

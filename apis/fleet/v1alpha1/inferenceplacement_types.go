@@ -235,7 +235,8 @@ const (
 // ManifestWorkReplicaSet rolloutStrategy does for manifests. A stage is
 // healthy when every updated copy reports Ready at its current generation
 // and has stayed Ready for minReadySeconds. A stage not healthy within
-// progressDeadlineSeconds stalls the rollout: no further cluster is
+// progressDeadlineSeconds, or a copy found Stuck (failover), stalls the
+// rollout: no further cluster is
 // updated, the clusters not yet updated keep running the previous spec, and
 // the service's RolledOut condition says RolloutStalled and why. A copy
 // that is not Ready is updated at once, outside maxConcurrentClusters: it
