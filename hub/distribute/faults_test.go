@@ -108,7 +108,11 @@ func TestAHubServiceWaitsForARefusingSpokeOnlyForAWhile(t *testing.T) {
 				map[string][]client.Object{"a": {hubCopy("llama", 1)}})
 			clusters := f.r.clusters.(fixedClusters)
 			clusters[0].Client = refusingClient{clusters[0].Client}
-			_, err := f.r.Reconcile(context.Background(), watch.Request(ns, "llama"))
+			res, err := f.r.Reconcile(context.Background(), watch.Request(ns, "llama"))
+			if !tc.wantGone && (res.RequeueAfter <= 0 || res.RequeueAfter > finalizeRetry || err != nil) {
+				t.Errorf("a waiting hub service is looked at again after %s (error %v), want within %s whatever the queue's backoff",
+					res.RequeueAfter, err, finalizeRetry)
+			}
 
 			gone := apierrors.IsNotFound(f.hub.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "llama"}, svc))
 			if gone != tc.wantGone {
