@@ -49,6 +49,7 @@ type FederationOptions struct {
 	LaggingAfter     time.Duration
 	SubscriberBuffer int
 	SourceAddress    string
+	AllowLoopback    bool
 }
 
 // maxReconnectBackoff caps the wait between a peer's reconnects. A reconnect
@@ -82,6 +83,7 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.PublishInterval, "federation-publish-interval", o.PublishInterval, "How often local changes are sent to subscribers.")
 	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
 	fs.IntVar(&o.MaxEndpoints, "federation-max-endpoints-per-peer", o.MaxEndpoints, "Most endpoints accepted from one peer.")
+	fs.BoolVar(&o.AllowLoopback, fleetv1alpha1.FlagFederationAllowLoopback, o.AllowLoopback, "Admit peers' endpoints at loopback addresses (only for a fleet that lives on loopback, as the local fleet does); each peer's address ranges still apply.")
 	fs.IntVar(&o.MaxMessageBytes, "federation-max-message-bytes", o.MaxMessageBytes, "Largest federation message accepted.")
 }
 
@@ -162,7 +164,8 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		}),
 		subscriber: federation.NewSubscriber(federation.SubscriberOptions{
 			Cluster: o.Cluster, Pool: pool, DefaultMode: mode, Store: store, Credentials: creds, Limits: limits,
-			MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, SourceAddress: o.SourceAddress, Log: log,
+			Destinations: federation.Destinations{AllowLoopback: o.AllowLoopback},
+			MinBackoff:   o.MinBackoff, MaxBackoff: o.MaxBackoff, SourceAddress: o.SourceAddress, Log: log,
 		}),
 	}, nil
 }

@@ -25,7 +25,7 @@ func FuzzDecodeAndApply(f *testing.F) {
 	f.Add([]byte{0x08, 0x01}, []byte{0xff})
 	limits := Limits{MaxMessageBytes: 64 << 10, MaxEndpoints: 64}
 	f.Fuzz(func(t *testing.T, a, b []byte) {
-		p := newPeerState(&Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}, "llm", limits)
+		p := newPeerState(&Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}, "llm", limits, Destinations{}, nil)
 		for _, data := range [][]byte{a, b} {
 			u, err := DecodeUpdate(data, limits)
 			if err != nil {

@@ -36,6 +36,10 @@ var (
 		Name: "fleetinfer_epp_federation_stream_errors_total",
 		Help: "Subscription streams to a peer that ended, by reason (connect, transport, protocol, stale).",
 	}, []string{"peer", "reason"})
+	endpointsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_endpoints_refused_total",
+		Help: "Peers' endpoints not held because of their address, by peer and reason (loopback, link-local, unspecified, multicast, own-range, outside-peer-ranges).",
+	}, []string{"peer", "reason"})
 	refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_refused_total",
 		Help: "Subscriptions this EPP refused, by reason (unknown-identity, wrong-pool).",
@@ -45,5 +49,5 @@ var (
 // Collectors returns the federation's metrics.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{peersConnected, subscribers, remoteEndpoints, lag, bytesTotal,
-		updatesTotal, streamErrors, refused}
+		updatesTotal, streamErrors, refused, endpointsRefused}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -66,9 +67,16 @@ type peerState struct {
 	origin    *Origin
 	namespace string // the pool's namespace, which remote endpoints share
 	limits    Limits
+	dest      Destinations
+	// ranges are the peer's endpoint ranges (its directory entry's
+	// EndpointCIDRs); none admits any range Destinations does not refuse.
+	ranges []netip.Prefix
 
 	seq  uint64
 	byID map[uint32]*remoteEndpoint
+	// refused are the ids of endpoints whose address was refused: their
+	// metrics-only updates and removals are ignored, not protocol errors.
+	refused map[uint32]bool
 	// order is byID's values from the least to the most loaded, sorted again
 	// only when endpoints or their values change, not for watermarks.
 	order []*remoteEndpoint
@@ -88,9 +96,27 @@ type remoteEndpoint struct {
 	updated time.Time
 }
 
-func newPeerState(origin *Origin, namespace string, limits Limits) *peerState {
-	return &peerState{origin: origin, namespace: namespace, limits: limits, byID: map[uint32]*remoteEndpoint{},
-		lag: lag.WithLabelValues(origin.Cluster)}
+func newPeerState(origin *Origin, namespace string, limits Limits, dest Destinations, ranges []netip.Prefix) *peerState {
+	return &peerState{origin: origin, namespace: namespace, limits: limits, dest: dest, ranges: ranges,
+		byID: map[uint32]*remoteEndpoint{}, refused: map[uint32]bool{}, lag: lag.WithLabelValues(origin.Cluster)}
+}
+
+// admit reports whether the endpoint spec s of id may be held; one that may
+// not is dropped if held, remembered as refused and counted.
+func (p *peerState) admit(id uint32, s *federationv1.EndpointSpec) bool {
+	addr, err := netip.ParseAddr(s.GetAddress())
+	reason := RefusedUnspecified
+	if err == nil {
+		reason = p.dest.refusal(addr, p.ranges)
+	}
+	if reason == "" {
+		delete(p.refused, id)
+		return true
+	}
+	delete(p.byID, id)
+	p.refused[id] = true
+	endpointsRefused.WithLabelValues(p.origin.Cluster, reason).Inc()
+	return false
 }
 
 // errProtocol marks a violation of the stream's rules (as opposed to a
@@ -118,20 +144,28 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 	reorder := u.GetSnapshot() || len(u.GetRemoved()) > 0 || len(u.GetUpserts()) > 0
 	if u.GetSnapshot() {
 		clear(p.byID)
+		clear(p.refused)
 	}
 	for _, id := range u.GetRemoved() {
+		if p.refused[id] {
+			delete(p.refused, id)
+			continue
+		}
 		if _, ok := p.byID[id]; !ok {
 			return fmt.Errorf("%w: removal of unknown endpoint %d", errProtocol, id)
 		}
 		delete(p.byID, id)
 	}
 	for _, e := range u.GetUpserts() {
+		if s := e.GetSpec(); s == nil && p.refused[e.GetId()] || s != nil && !p.admit(e.GetId(), s) {
+			continue
+		}
 		re, ok := p.byID[e.GetId()]
 		if !ok {
 			if e.GetSpec() == nil {
 				return fmt.Errorf("%w: endpoint %d first sent without its spec", errProtocol, e.GetId())
 			}
-			if len(p.byID) >= p.limits.MaxEndpoints {
+			if len(p.byID)+len(p.refused) >= p.limits.MaxEndpoints {
 				return fmt.Errorf("%w: peer exceeds %d endpoints", errProtocol, p.limits.MaxEndpoints)
 			}
 			re = &remoteEndpoint{ep: fwkdl.NewEndpoint(nil, nil)}

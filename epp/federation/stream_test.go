@@ -138,12 +138,16 @@ func writeDirectoryFile(t *testing.T, path string, peers ...fleetv1alpha1.Peer) 
 	}
 }
 
+// testDestinations admit the loopback addresses the tests' pods have, as
+// the local fleet does.
+var testDestinations = Destinations{AllowLoopback: true}
+
 // subscribe runs a subscriber for cluster self following dir into a new store.
 func subscribe(t *testing.T, self string, creds *Credentials, dir *DirectoryFile) *Store {
 	t.Helper()
 	store := NewStore(time.Second)
 	sub := NewSubscriber(SubscriberOptions{Cluster: self, Pool: testPool, DefaultMode: fleetv1alpha1.FederationEndpoint, Store: store,
-		Credentials: creds, Limits: DefaultLimits, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Log: logr.Discard()})
+		Credentials: creds, Limits: DefaultLimits, Destinations: testDestinations, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Log: logr.Discard()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sub.Run(ctx, dir) }()

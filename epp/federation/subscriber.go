@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,6 +34,9 @@ type SubscriberOptions struct {
 	Store       *Store
 	Credentials *Credentials
 	Limits      Limits
+	// Destinations refuses peers' endpoints by address; the directory adds
+	// the own ranges and each peer's.
+	Destinations Destinations
 	// MinBackoff and MaxBackoff bound the wait between reconnects (with
 	// jitter, doubling from the minimum).
 	MinBackoff, MaxBackoff time.Duration
@@ -56,6 +60,7 @@ type Subscriber struct {
 
 type peerRun struct {
 	peer   fleetv1alpha1.Peer
+	dest   Destinations
 	cancel context.CancelFunc
 }
 
@@ -119,10 +124,11 @@ func (s *Subscriber) sync(ctx context.Context, d *fleetv1alpha1.PeerDirectory) {
 		}
 		want[p.Cluster] = p
 	}
+	dest := s.opts.Destinations.ForDirectory(d)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for cluster, r := range s.running {
-		if p, ok := want[cluster]; !ok || !samePeer(p, r.peer) {
+		if p, ok := want[cluster]; !ok || !samePeer(p, r.peer) || !slices.Equal(dest.Own, r.dest.Own) {
 			r.cancel()
 			delete(s.running, cluster)
 		}
@@ -132,29 +138,30 @@ func (s *Subscriber) sync(ctx context.Context, d *fleetv1alpha1.PeerDirectory) {
 			continue
 		}
 		pctx, cancel := context.WithCancel(ctx)
-		s.running[cluster] = &peerRun{peer: p, cancel: cancel}
+		s.running[cluster] = &peerRun{peer: p, dest: dest, cancel: cancel}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.follow(pctx, p)
+			s.follow(pctx, p, dest)
 		}()
 	}
 }
 
 func samePeer(a, b fleetv1alpha1.Peer) bool {
 	return a.Cluster == b.Cluster && a.FederationAddress == b.FederationAddress &&
-		a.GatewayAddress == b.GatewayAddress && a.Identity == b.Identity && a.Mode == b.Mode
+		a.GatewayAddress == b.GatewayAddress && a.Identity == b.Identity && a.Mode == b.Mode &&
+		slices.Equal(a.EndpointCIDRs, b.EndpointCIDRs)
 }
 
 // follow subscribes to one peer until ctx ends, reconnecting with backoff.
-func (s *Subscriber) follow(ctx context.Context, p fleetv1alpha1.Peer) {
+func (s *Subscriber) follow(ctx context.Context, p fleetv1alpha1.Peer, dest Destinations) {
 	log := s.opts.Log.WithValues("peer", p.Cluster, "address", p.FederationAddress)
 	origin := &Origin{Cluster: p.Cluster, Mode: p.Mode, Gateway: p.GatewayAddress}
 	backoff := s.opts.MinBackoff
 	defer remoteEndpoints.DeleteLabelValues(p.Cluster)
 	for {
 		began := time.Now()
-		reason, err := s.stream(ctx, p, origin)
+		reason, err := s.stream(ctx, p, origin, dest)
 		if ctx.Err() != nil {
 			return
 		}
@@ -184,7 +191,7 @@ func (s *Subscriber) dial(ctx context.Context, addr string) (net.Conn, error) {
 }
 
 // stream runs one subscription and returns why it ended.
-func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *Origin) (string, error) {
+func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *Origin, dest Destinations) (string, error) {
 	staleAfter := s.opts.Store.StaleAfter()
 	// A static flow-control window turns gRPC's bandwidth estimation off: it
 	// pinged (and the peer acknowledged) on received data, which doubled the
@@ -221,7 +228,7 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 		}
 		return "connect", err
 	}
-	state := newPeerState(origin, s.opts.Pool.Namespace, s.opts.Limits)
+	state := newPeerState(origin, s.opts.Pool.Namespace, s.opts.Limits, dest, fleetv1alpha1.Prefixes(p.EndpointCIDRs))
 	held := remoteEndpoints.WithLabelValues(p.Cluster)
 	connected := false
 	defer func() {
