@@ -160,7 +160,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		publisher: federation.NewPublisher(federation.PublisherOptions{
 			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
 			Interval: o.PublishInterval, Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,
-			Authorize: federation.Authorize(dir, pool, o.Cluster), Buffer: o.SubscriberBuffer, Log: log,
+			Authorize: federation.Authorize(dir, pool, o.Cluster), Buffer: o.SubscriberBuffer, Limits: limits, Log: log,
 		}),
 		subscriber: federation.NewSubscriber(federation.SubscriberOptions{
 			Cluster: o.Cluster, Pool: pool, DefaultMode: mode, Store: store, Credentials: creds, Limits: limits,

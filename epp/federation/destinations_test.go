@@ -1,12 +1,15 @@
 package federation
 
 import (
+	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/proto"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
@@ -85,4 +88,25 @@ func TestPeerStateDropsRefusedEndpointsOnly(t *testing.T) {
 			t.Errorf("refusals for %s: %v, want %v", reason, got, want)
 		}
 	}
+}
+
+// A peer cannot grow what it makes this EPP hold, through deltas, past
+// what one snapshot may carry.
+func TestPeerStateBoundsAPeersBytes(t *testing.T) {
+	limits := Limits{MaxMessageBytes: 2048, MaxEndpoints: 1000}
+	p := newPeerState(&Origin{Cluster: "west"}, "llm", limits, Destinations{}, nil)
+	if err := p.apply(snapshot(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(2); seq < 200; seq++ {
+		ep := &federationv1.Endpoint{Id: uint32(seq), Spec: spec(fmt.Sprintf("endpoint-%d", seq), "10.0.0.1"), Metrics: metrics(0, 0)}
+		err := p.apply(&federationv1.Update{Seq: seq, SentUnixNano: at(0), Upserts: []*federationv1.Endpoint{ep}}, time.Now())
+		if err != nil {
+			if !errors.Is(err, errProtocol) || p.bytes > limits.MaxMessageBytes+proto.Size(ep) {
+				t.Fatalf("error %v with %d bytes held", err, p.bytes)
+			}
+			return
+		}
+	}
+	t.Fatalf("%d bytes held, limit %d", p.bytes, limits.MaxMessageBytes)
 }

@@ -40,6 +40,10 @@ var (
 		Name: "fleetinfer_epp_federation_endpoints_refused_total",
 		Help: "Peers' endpoints not held because of their address, by peer and reason (loopback, link-local, unspecified, multicast, own-range, outside-peer-ranges).",
 	}, []string{"peer", "reason"})
+	endpointsWithheld = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_endpoints_withheld_total",
+		Help: "Local endpoints this EPP left out of what it publishes, each counted when it is first left out, by reason (labels: names or labels out of the shared bounds; endpoint-count; message-size).",
+	}, []string{"reason"})
 	refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_refused_total",
 		Help: "Subscriptions this EPP refused, by reason (unknown-identity, wrong-pool).",
@@ -49,5 +53,5 @@ var (
 // Collectors returns the federation's metrics.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{peersConnected, subscribers, remoteEndpoints, lag, bytesTotal,
-		updatesTotal, streamErrors, refused, endpointsRefused}
+		updatesTotal, streamErrors, refused, endpointsRefused, endpointsWithheld}
 }

@@ -2,6 +2,7 @@ package federation
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -43,6 +45,10 @@ type PublisherOptions struct {
 	// Buffer is how many messages a subscriber may fall behind before its
 	// stream is closed (it then resubscribes and gets a fresh snapshot).
 	Buffer int
+	// Limits are the subscribers' (DefaultLimits when zero): the endpoints
+	// published fit them, so that a snapshot of all of them is one message a
+	// subscriber accepts; the rest are withheld.
+	Limits Limits
 	Log    logr.Logger
 }
 
@@ -56,7 +62,15 @@ type Publisher struct {
 	ids    map[types.NamespacedName]uint32
 	nextID uint32
 	// last is what every subscriber has been sent, by id.
-	last     map[uint32]*sentEndpoint
+	last map[uint32]*sentEndpoint
+	// bytes is the encoded size of last's endpoints in a snapshot.
+	bytes int
+	// withheld are the local endpoints left out of what is published, and
+	// the metadata that made them so when it was their own (names or
+	// labels out of bounds, so unchanged metadata needs no new look); nil
+	// when the pool's limits did (endpoint count, message size), which are
+	// looked at again every tick.
+	withheld map[types.NamespacedName]*fwkdl.EndpointMetadata
 	subs     map[*subscription]struct{}
 	lastSent time.Time
 	// synced is whether last follows the local state. Without subscribers
@@ -74,6 +88,8 @@ type sentEndpoint struct {
 	// scrape is the latest scrape time, which changes on every scrape and
 	// travels in the watermark rather than as a change.
 	scrape int64
+	// size is ep's share of a snapshot's encoded size.
+	size int
 }
 
 type subscription struct {
@@ -88,7 +104,10 @@ func NewPublisher(opts PublisherOptions) *Publisher {
 	if opts.Buffer <= 0 {
 		opts.Buffer = 64
 	}
-	return &Publisher{opts: opts, ids: map[types.NamespacedName]uint32{},
+	if opts.Limits == (Limits{}) {
+		opts.Limits = DefaultLimits
+	}
+	return &Publisher{opts: opts, ids: map[types.NamespacedName]uint32{}, withheld: map[types.NamespacedName]*fwkdl.EndpointMetadata{},
 		last: map[uint32]*sentEndpoint{}, subs: map[*subscription]struct{}{}}
 }
 
@@ -142,33 +161,69 @@ func (p *Publisher) tick(now time.Time) {
 func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Update {
 	u := &federationv1.Update{}
 	present := make(map[uint32]bool, len(local))
+	seen := make(map[types.NamespacedName]bool, len(p.withheld))
 	for _, ep := range local {
 		md, m := ep.GetMetadata(), ep.GetMetrics()
 		if md == nil || m == nil {
 			continue
 		}
-		id, ok := p.ids[md.NamespacedName]
-		if !ok {
-			p.nextID++
-			id = p.nextID
-			p.ids[md.NamespacedName] = id
+		seen[md.NamespacedName] = true
+		if w := p.withheld[md.NamespacedName]; w != nil && w == md {
+			continue
 		}
-		present[id] = true
+		id := p.ids[md.NamespacedName]
 		prev := p.last[id]
+		var next *federationv1.Endpoint
 		switch {
 		case prev == nil || prev.md != md && !sameSpec(prev.ep.GetSpec(), md):
-			prev = &sentEndpoint{ep: &federationv1.Endpoint{Id: id, Spec: specOf(md), Metrics: metricsOf(m)}}
-			p.last[id] = prev
-			u.Upserts = append(u.Upserts, prev.ep)
+			if err := checkNamesAndLabels(md.NamespacedName.Name, md.PodName, md.Labels); err != nil {
+				p.withhold(md, md, "labels", err)
+				continue
+			}
+			next = &federationv1.Endpoint{Spec: specOf(md), Metrics: metricsOf(m)}
 		case !sameValues(prev.ep.GetMetrics(), m):
-			prev.ep = &federationv1.Endpoint{Id: id, Spec: prev.ep.GetSpec(), Metrics: metricsOf(m)}
-			u.Upserts = append(u.Upserts, &federationv1.Endpoint{Id: id, Metrics: prev.ep.GetMetrics()})
+			next = &federationv1.Endpoint{Spec: prev.ep.GetSpec(), Metrics: metricsOf(m)}
 		}
+		if next != nil {
+			size, grow := snapshotSize(next), snapshotSize(next)
+			if prev != nil {
+				grow -= prev.size
+			}
+			switch {
+			case prev == nil && len(p.last) >= p.opts.Limits.MaxEndpoints:
+				p.withhold(md, nil, "endpoint-count", fmt.Errorf("the pool publishes at most %d endpoints", p.opts.Limits.MaxEndpoints))
+				continue
+			case p.bytes+grow > p.budget():
+				p.withhold(md, nil, "message-size", fmt.Errorf("the pool's endpoints would not fit a message of %d bytes", p.opts.Limits.MaxMessageBytes))
+				continue
+			}
+			if prev == nil {
+				p.nextID++
+				id = p.nextID
+				p.ids[md.NamespacedName] = id
+			}
+			next.Id = id
+			p.bytes += grow
+			switch {
+			case prev == nil || prev.ep.GetSpec() != next.GetSpec():
+				u.Upserts = append(u.Upserts, next)
+			default:
+				u.Upserts = append(u.Upserts, &federationv1.Endpoint{Id: id, Metrics: next.GetMetrics()})
+			}
+			if prev == nil {
+				prev = &sentEndpoint{}
+				p.last[id] = prev
+			}
+			prev.ep, prev.size = next, size
+		}
+		delete(p.withheld, md.NamespacedName)
+		present[id] = true
 		prev.md, prev.scrape = md, scrapeOf(m)
 	}
-	for id := range p.last {
+	for id, e := range p.last {
 		if !present[id] {
 			u.Removed = append(u.Removed, id)
+			p.bytes -= e.size
 			delete(p.last, id)
 		}
 	}
@@ -177,10 +232,40 @@ func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Up
 			delete(p.ids, name)
 		}
 	}
+	for name := range p.withheld {
+		if !seen[name] {
+			delete(p.withheld, name)
+		}
+	}
 	slices.Sort(u.Removed)
 	u.CurrentUnixNano, u.Lagging = p.watermark(now)
 	p.synced = true
 	return u
+}
+
+// withhold leaves a local endpoint out of what is published (a previously
+// published one is removed), and counts it and logs it once. Called with
+// p.mu held.
+func (p *Publisher) withhold(md, sticky *fwkdl.EndpointMetadata, reason string, err error) {
+	if _, ok := p.withheld[md.NamespacedName]; !ok {
+		endpointsWithheld.WithLabelValues(reason).Inc()
+		p.opts.Log.Info("Endpoint not federated", "endpoint", md.NamespacedName, "reason", reason, "err", err.Error())
+	}
+	p.withheld[md.NamespacedName] = sticky
+}
+
+// budget is the encoded size the published endpoints may take: a message's
+// limit less what a snapshot's other fields (lagging ids) and a delta's
+// removed ids may take next to them.
+func (p *Publisher) budget() int {
+	return max(p.opts.Limits.MaxMessageBytes-10*p.opts.Limits.MaxEndpoints-64, 0)
+}
+
+// snapshotSize is the encoded size of e as an element of an Update's
+// upserts: its own, its length prefix and the field's tag.
+func snapshotSize(e *federationv1.Endpoint) int {
+	n := proto.Size(e)
+	return n + 1 + protowire.SizeVarint(uint64(n))
 }
 
 // watermark returns the oldest scrape time among endpoints that are not
@@ -341,7 +426,9 @@ func adapters(in map[string]int) map[string]uint32 {
 		if len(out) == maxAdapters {
 			break
 		}
-		out[name] = clampUint32(n)
+		if validAdapterName(name) {
+			out[name] = clampUint32(n)
+		}
 	}
 	return out
 }
@@ -374,7 +461,13 @@ func sameValues(sent *federationv1.EndpointMetrics, m *fwkdl.Metrics) bool {
 
 // sameAdapters reports whether sent is what adapters(cur) may return.
 func sameAdapters(sent map[string]uint32, cur map[string]int) bool {
-	if len(sent) != min(len(cur), maxAdapters) {
+	valid := 0
+	for name := range cur {
+		if validAdapterName(name) {
+			valid++
+		}
+	}
+	if len(sent) != min(valid, maxAdapters) {
 		return false
 	}
 	for name, n := range sent {
