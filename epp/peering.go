@@ -14,8 +14,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
@@ -160,7 +158,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		publisher: federation.NewPublisher(federation.PublisherOptions{
 			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
 			Interval: o.PublishInterval, Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,
-			Authorize: federation.Authorize(dir, pool, o.Cluster), Buffer: o.SubscriberBuffer, Limits: limits, Log: log,
+			Authorize: federation.Authorize(dir, pool, o.Cluster), Roots: creds.Roots, Buffer: o.SubscriberBuffer, Limits: limits, Log: log,
 		}),
 		subscriber: federation.NewSubscriber(federation.SubscriberOptions{
 			Cluster: o.Cluster, Pool: pool, DefaultMode: mode, Store: store, Credentials: creds, Limits: limits,
@@ -176,16 +174,18 @@ func (f *federationParts) addTo(mgr manager.Manager) error {
 	if f.store == nil {
 		return nil
 	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(f.creds.ServerConfig())),
-		// Subscribers ping to notice dead connections; allow it.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxConcurrentStreams(1000))
+	srv := grpc.NewServer(federation.ServerOptions(f.creds)...)
 	federationv1.RegisterFederationServer(srv, f.publisher)
 	for _, r := range []manager.Runnable{
 		gierunner.NoLeaderElection(gierunner.GRPCServer("federation", srv, f.port)),
 		runFunc(f.publisher.Run),
 		runFunc(func(ctx context.Context) error { return f.subscriber.Run(ctx, f.dir) }),
 		runFunc(f.dir.Run),
+		runFunc(func(ctx context.Context) error {
+			// Expired certificates are looked for every minute.
+			f.publisher.ReauthorizeOn(ctx, time.Minute, f.dir.Changed(), f.creds.Changed())
+			return nil
+		}),
 		runFunc(func(ctx context.Context) error { f.creds.Run(ctx, f.reload); return nil }),
 	} {
 		if err := mgr.Add(r); err != nil {

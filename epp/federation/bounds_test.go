@@ -9,11 +9,16 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpccreds "google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
+	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 )
 
 // federatedPair is a west publisher and an east subscriber that read the
@@ -21,7 +26,7 @@ import (
 type federatedPair struct {
 	west, east *cluster
 	store      *Store
-	dirPath    string
+	dir        *DirectoryFile
 }
 
 func newFederatedPair(t *testing.T) *federatedPair {
@@ -36,13 +41,24 @@ func newFederatedPair(t *testing.T) *federatedPair {
 	if err := dir.Load(); err != nil {
 		t.Fatal(err)
 	}
-	p := &federatedPair{west: newCluster(t, ca, "west", dir), east: newCluster(t, ca, "east", dir), dirPath: path}
+	p := &federatedPair{west: newCluster(t, ca, "west", dir), east: newCluster(t, ca, "east", dir), dir: dir}
 	writeDirectoryFile(t, path, p.peers()...)
 	if err := dir.Load(); err != nil {
 		t.Fatal(err)
 	}
 	p.store = subscribe(t, "east", p.east.creds, dir)
 	return p
+}
+
+// holds waits until east holds n endpoints of west.
+func (p *federatedPair) holds(t *testing.T, what string, n int) {
+	t.Helper()
+	waitFor(t, what, func() error {
+		if got := p.store.Count()["west"]; got != n {
+			return fmt.Errorf("east holds %d endpoints of west, want %d", got, n)
+		}
+		return nil
+	})
 }
 
 func (p *federatedPair) peers() []fleetv1alpha1.Peer {
@@ -120,4 +136,94 @@ func TestPublisherKeepsWhatItPublishesWithinOneMessage(t *testing.T) {
 	if _, err := DecodeUpdate(data, limits); err != nil {
 		t.Fatalf("a subscriber refuses the snapshot: %v", err)
 	}
+}
+
+// A peer taken out of the directory loses its open stream: the publisher
+// looks at its streams again when the directory changes.
+func TestARemovedPeersOpenStreamClosesWithinFiveSeconds(t *testing.T) {
+	p := newFederatedPair(t)
+	p.west.local.set(localPod("a", "127.12.0.1", 0))
+	p.holds(t, "west's pod mirrored", 1)
+	deauthorized := testutil.ToFloat64(refused.WithLabelValues("deauthorized"))
+	// The directory no longer lists east but still lists west, which east
+	// follows: only west's reauthorization can end the stream.
+	writeDirectoryFile(t, p.dir.Path, p.peers()[1])
+	removed := time.Now()
+	if err := p.dir.Load(); err != nil {
+		t.Fatal(err)
+	}
+	p.holds(t, "east's stream closed", 0)
+	took := time.Since(removed)
+	t.Logf("stream closed %v after the directory changed", took)
+	if took > 5*time.Second {
+		t.Fatalf("stream closed after %v, want within 5 s", took)
+	}
+	if d := testutil.ToFloat64(refused.WithLabelValues("deauthorized")) - deauthorized; d < 1 {
+		t.Errorf("%v streams ended as deauthorized", d)
+	}
+}
+
+// A newer stream of the same peer replaces the open one, which ends with
+// ABORTED: a peer holds one stream however many it opens.
+func TestANewerStreamOfTheSamePeerReplacesTheOpenOne(t *testing.T) {
+	p := newFederatedPair(t)
+	p.west.local.set(localPod("a", "127.12.0.1", 0))
+	open := func() federationv1.Federation_SubscribeClient {
+		conn, err := grpc.NewClient("passthrough:///"+p.west.addr, grpc.WithTransportCredentials(grpccreds.NewTLS(p.east.creds.ClientConfig(p.west.identity))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		st, err := federationv1.NewFederationClient(conn).Subscribe(t.Context(),
+			&federationv1.SubscribeRequest{PoolNamespace: testPool.Namespace, PoolName: testPool.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	prev := open()
+	for range 5 {
+		next := open()
+		for {
+			_, err := prev.Recv()
+			if err == nil {
+				continue
+			}
+			if status.Code(err) != codes.Aborted {
+				t.Fatalf("the replaced stream ended with %v, want ABORTED", err)
+			}
+			break
+		}
+		prev = next
+	}
+	p.west.publisher.mu.Lock()
+	n := len(p.west.publisher.subs)
+	p.west.publisher.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d streams open for one peer, want 1", n)
+	}
+}
+
+// When a CA rotation ends, the publisher's bundle drops the old CA: a
+// stream whose client certificate only the old CA signed ends.
+func TestAStreamEndsWhenItsCertificateNoLongerVerifies(t *testing.T) {
+	p := newFederatedPair(t)
+	p.west.local.set(localPod("a", "127.12.0.1", 0))
+	p.holds(t, "west's pod mirrored", 1)
+	next, err := federationtest.NewCA("fleet-next")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.WriteFiles(p.west.credsDir, p.west.identity); err != nil {
+		t.Fatal(err)
+	}
+	rotated := time.Now()
+	if _, err := p.west.creds.reload(); err != nil {
+		t.Fatal(err)
+	}
+	p.holds(t, "east's stream closed", 0)
+	t.Logf("stream closed %v after the CA bundle changed", time.Since(rotated))
 }

@@ -2,8 +2,10 @@ package federation
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -40,8 +42,12 @@ type PublisherOptions struct {
 	// its data keeps its own scrape time instead of the watermark.
 	LaggingAfter time.Duration
 	// Authorize maps a client certificate's identities to the peer's cluster
-	// name, or reports that the identity is unknown.
+	// name, or reports that the identity is unknown. Reauthorize asks it
+	// again for every open stream.
 	Authorize func(identities []string) (cluster string, ok bool)
+	// Roots returns the current CA bundle, against which Reauthorize checks
+	// every open stream's client certificate again; nil skips that check.
+	Roots func() *x509.CertPool
 	// Buffer is how many messages a subscriber may fall behind before its
 	// stream is closed (it then resubscribes and gets a fresh snapshot).
 	Buffer int
@@ -63,6 +69,8 @@ type Publisher struct {
 	nextID uint32
 	// last is what every subscriber has been sent, by id.
 	last map[uint32]*sentEndpoint
+	// byCluster is each peer's one open stream.
+	byCluster map[string]*subscription
 	// bytes is the encoded size of last's endpoints in a snapshot.
 	bytes int
 	// withheld are the local endpoints left out of what is published, and
@@ -95,8 +103,24 @@ type sentEndpoint struct {
 type subscription struct {
 	ch      chan *federationv1.Update
 	cluster string
-	// overflow is closed when the subscriber fell too far behind.
-	overflow chan struct{}
+	// chain is the client's verified certificate chain, leaf first.
+	chain []*x509.Certificate
+	// ended is closed, with why set, when the publisher ends the stream:
+	// the subscriber fell too far behind, a newer stream of the same peer
+	// replaced it, or the peer is no longer authorized.
+	ended chan struct{}
+	why   error
+}
+
+// end ends the stream with err. Called with the publisher's mu held, so a
+// stream ends once.
+func (s *subscription) end(err error) {
+	select {
+	case <-s.ended:
+	default:
+		s.why = err
+		close(s.ended)
+	}
 }
 
 // NewPublisher returns a publisher; Run drives it.
@@ -108,7 +132,7 @@ func NewPublisher(opts PublisherOptions) *Publisher {
 		opts.Limits = DefaultLimits
 	}
 	return &Publisher{opts: opts, ids: map[types.NamespacedName]uint32{}, withheld: map[types.NamespacedName]*fwkdl.EndpointMetadata{},
-		last: map[uint32]*sentEndpoint{}, subs: map[*subscription]struct{}{}}
+		last: map[uint32]*sentEndpoint{}, subs: map[*subscription]struct{}{}, byCluster: map[string]*subscription{}}
 }
 
 // Run compares local state every interval and publishes changes until ctx ends.
@@ -151,8 +175,8 @@ func (p *Publisher) tick(now time.Time) {
 		default:
 			// The subscriber is too slow; it gets a fresh snapshot when it
 			// comes back, which is cheaper than buffering without bound.
-			close(s.overflow)
-			delete(p.subs, s)
+			s.end(status.Error(codes.ResourceExhausted, "subscriber fell behind; resubscribe for a fresh snapshot"))
+			p.drop(s)
 		}
 	}
 }
@@ -302,10 +326,73 @@ func (p *Publisher) snapshot(now time.Time) *federationv1.Update {
 	return u
 }
 
+// drop forgets a subscription. Called with p.mu held.
+func (p *Publisher) drop(s *subscription) {
+	delete(p.subs, s)
+	if p.byCluster[s.cluster] == s {
+		delete(p.byCluster, s.cluster)
+	}
+}
+
+// Reauthorize ends the open streams of peers that are no longer authorized:
+// their identity left the directory (or now names another cluster), or
+// their certificate no longer verifies against the current CA bundle (a CA
+// rotation ended, or it expired). The runner calls it whenever the
+// directory or the credentials change.
+func (p *Publisher) Reauthorize() {
+	var roots *x509.CertPool
+	if p.opts.Roots != nil {
+		roots = p.opts.Roots()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for s := range p.subs {
+		if cluster, ok := p.opts.Authorize(Identities(s.chain[0])); !ok || cluster != s.cluster {
+			refused.WithLabelValues("deauthorized").Inc()
+			s.end(status.Error(codes.PermissionDenied, "client identity is no longer a peer in the peer directory"))
+			p.drop(s)
+			continue
+		}
+		if roots != nil {
+			if _, err := verifyChain(s.chain, roots, x509.ExtKeyUsageClientAuth); err != nil {
+				refused.WithLabelValues("deauthorized").Inc()
+				s.end(status.Errorf(codes.Unauthenticated, "client certificate no longer verifies: %v", err))
+				p.drop(s)
+			}
+		}
+	}
+}
+
+// ReauthorizeOn calls Reauthorize whenever one of changed receives (the
+// directory's and the credentials' Changed) and every interval, for
+// certificates that expire, until ctx ends.
+func (p *Publisher) ReauthorizeOn(ctx context.Context, interval time.Duration, changed ...<-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	cases := make([]reflect.SelectCase, 0, len(changed)+2)
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(t.C)})
+	for _, ch := range changed {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)})
+	}
+	for {
+		if i, _, _ := reflect.Select(cases); i == 0 {
+			return
+		}
+		p.Reauthorize()
+	}
+}
+
 // Subscribe implements the Federation service.
+//
+// A peer has one stream: a newer stream of the same peer replaces the open
+// one, which ends with ABORTED. Refusing the newer one instead would lock a
+// subscriber whose connection died without a word out until keepalive
+// notices; replacing lets it come back at once, and a peer gains nothing
+// by opening more.
 func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federationv1.Federation_SubscribeServer) error {
 	ctx := stream.Context()
-	cluster, ok := p.authorize(ctx)
+	cluster, chain, ok := p.authorize(ctx)
 	if !ok {
 		refused.WithLabelValues("unknown-identity").Inc()
 		return status.Error(codes.PermissionDenied, "client identity is not a peer in the peer directory")
@@ -315,7 +402,7 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 		return status.Errorf(codes.FailedPrecondition, "this EPP serves pool %s, not %s/%s",
 			p.opts.Pool, req.GetPoolNamespace(), req.GetPoolName())
 	}
-	s := &subscription{ch: make(chan *federationv1.Update, p.opts.Buffer), cluster: cluster, overflow: make(chan struct{})}
+	s := &subscription{ch: make(chan *federationv1.Update, p.opts.Buffer), cluster: cluster, chain: chain, ended: make(chan struct{})}
 	local := p.opts.Local()
 	p.mu.Lock()
 	now := time.Now()
@@ -323,11 +410,17 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 		p.diff(local, now)
 	}
 	first := p.snapshot(now)
+	if old := p.byCluster[cluster]; old != nil {
+		refused.WithLabelValues("replaced").Inc()
+		old.end(status.Error(codes.Aborted, "replaced by a newer stream of the same peer"))
+		p.drop(old)
+	}
 	p.subs[s] = struct{}{}
+	p.byCluster[cluster] = s
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
-		delete(p.subs, s)
+		p.drop(s)
 		p.mu.Unlock()
 	}()
 	subscribers.Inc()
@@ -356,8 +449,9 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-s.overflow:
-			return status.Error(codes.ResourceExhausted, "subscriber fell behind; resubscribe for a fresh snapshot")
+		case <-s.ended:
+			p.opts.Log.Info("Peer's stream ended", "peer", cluster, "reason", s.why.Error())
+			return s.why
 		case u := <-s.ch:
 			if err := send(u); err != nil {
 				return err
@@ -366,16 +460,20 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 	}
 }
 
-func (p *Publisher) authorize(ctx context.Context) (string, bool) {
+// authorize returns the cluster of the stream's client and its verified
+// certificate chain.
+func (p *Publisher) authorize(ctx context.Context) (string, []*x509.Certificate, bool) {
 	pr, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", false
+		return "", nil, false
 	}
 	info, ok := pr.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
-		return "", false
+		return "", nil, false
 	}
-	return p.opts.Authorize(Identities(info.State.VerifiedChains[0][0]))
+	chain := info.State.VerifiedChains[0]
+	cluster, ok := p.opts.Authorize(Identities(chain[0]))
+	return cluster, chain, ok
 }
 
 func specOf(md *fwkdl.EndpointMetadata) *federationv1.EndpointSpec {

@@ -66,6 +66,8 @@ type cluster struct {
 	name, identity string
 	creds          *Credentials
 	local          *localPods
+	publisher      *Publisher
+	credsDir       string
 	addr           string
 	stop           func()
 }
@@ -83,11 +85,12 @@ func newClusterAt(t *testing.T, ca *federationtest.CA, name string, dir *Directo
 		local = &localPods{}
 	}
 	c := &cluster{name: name, identity: "spiffe://fleet.test/" + name, local: local}
-	d := t.TempDir()
-	c.creds = loadCreds(t, ca, d, c.identity)
+	c.credsDir = t.TempDir()
+	c.creds = loadCreds(t, ca, c.credsDir, c.identity)
 	pub := NewPublisher(PublisherOptions{Pool: testPool, Local: c.local.list, Interval: 10 * time.Millisecond,
-		Heartbeat: 50 * time.Millisecond, LaggingAfter: time.Second, Authorize: Authorize(dir, testPool, name), Log: logr.Discard()})
-	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(c.creds.ServerConfig())))
+		Heartbeat: 50 * time.Millisecond, LaggingAfter: time.Second, Authorize: Authorize(dir, testPool, name), Roots: c.creds.Roots, Log: logr.Discard()})
+	c.publisher = pub
+	srv := grpc.NewServer(ServerOptions(c.creds)...)
 	federationv1.RegisterFederationServer(srv, pub)
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -96,6 +99,7 @@ func newClusterAt(t *testing.T, ca *federationtest.CA, name string, dir *Directo
 	c.addr = lis.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { _ = pub.Run(ctx) }()
+	go pub.ReauthorizeOn(ctx, time.Minute, dir.Changed(), c.creds.Changed())
 	go func() { _ = srv.Serve(lis) }()
 	var once sync.Once
 	c.stop = func() { once.Do(func() { cancel(); srv.Stop() }) }
