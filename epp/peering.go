@@ -41,6 +41,8 @@ type FederationOptions struct {
 	Heartbeat        time.Duration
 	MaxEndpoints     int
 	MaxMessageBytes  int
+	MaxMessageRate   int
+	MaxByteRate      int
 	ReloadInterval   time.Duration
 	MinBackoff       time.Duration
 	MaxBackoff       time.Duration
@@ -62,6 +64,7 @@ func NewFederationOptions() *FederationOptions {
 		Port: fleetv1alpha1.FederationPort, Mode: string(fleetv1alpha1.FederationEndpoint), Staleness: 2 * time.Second,
 		PublishInterval: 50 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
 		MaxEndpoints: federation.DefaultLimits.MaxEndpoints, MaxMessageBytes: federation.DefaultLimits.MaxMessageBytes,
+		MaxMessageRate: federation.DefaultLimits.MaxMessagesPerSecond, MaxByteRate: federation.DefaultLimits.MaxBytesPerSecond,
 		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: maxReconnectBackoff,
 		LaggingAfter: 500 * time.Millisecond, SubscriberBuffer: 64,
 	}
@@ -82,7 +85,9 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
 	fs.IntVar(&o.MaxEndpoints, "federation-max-endpoints-per-peer", o.MaxEndpoints, "Most endpoints accepted from one peer.")
 	fs.BoolVar(&o.AllowLoopback, fleetv1alpha1.FlagFederationAllowLoopback, o.AllowLoopback, "Admit peers' endpoints at loopback addresses (only for a fleet that lives on loopback, as the local fleet does); each peer's address ranges still apply.")
-	fs.IntVar(&o.MaxMessageBytes, "federation-max-message-bytes", o.MaxMessageBytes, "Largest federation message accepted.")
+	fs.IntVar(&o.MaxMessageBytes, "federation-max-message-bytes", o.MaxMessageBytes, "Largest federation message accepted; what a peer's endpoints may take in all, and what this EPP publishes fits it.")
+	fs.IntVar(&o.MaxMessageRate, "federation-max-messages-per-second", o.MaxMessageRate, "Most messages a second read from one peer (bursts of twice that); a faster peer's stream is closed. 0: no bound.")
+	fs.IntVar(&o.MaxByteRate, "federation-max-bytes-per-second", o.MaxByteRate, "Most bytes a second read from one peer (bursts of one more message); a faster peer's stream is closed. 0: no bound.")
 }
 
 // Validate checks the flags.
@@ -111,8 +116,8 @@ func (o *FederationOptions) Validate() error {
 	if o.Staleness <= 0 || o.PublishInterval <= 0 || o.Heartbeat <= 0 || o.Heartbeat >= o.Staleness {
 		errs = append(errs, errors.New("federation intervals must be positive, with the heartbeat shorter than the staleness bound"))
 	}
-	if o.MaxEndpoints <= 0 || o.MaxMessageBytes <= 0 {
-		errs = append(errs, errors.New("federation limits must be positive"))
+	if o.MaxEndpoints <= 0 || o.MaxMessageBytes <= 0 || o.MaxMessageRate < 0 || o.MaxByteRate < 0 {
+		errs = append(errs, errors.New("federation limits must be positive (rates may be 0: no bound)"))
 	}
 	return errors.Join(errs...)
 }
@@ -151,7 +156,8 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 	if err != nil {
 		return nil, err
 	}
-	limits := federation.Limits{MaxMessageBytes: o.MaxMessageBytes, MaxEndpoints: o.MaxEndpoints}
+	limits := federation.Limits{MaxMessageBytes: o.MaxMessageBytes, MaxEndpoints: o.MaxEndpoints,
+		MaxMessagesPerSecond: o.MaxMessageRate, MaxBytesPerSecond: o.MaxByteRate}
 	store := federation.NewStore(o.Staleness)
 	return &federationParts{
 		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool,

@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpccreds "google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -226,4 +228,26 @@ func TestAStreamEndsWhenItsCertificateNoLongerVerifies(t *testing.T) {
 	}
 	p.holds(t, "east's stream closed", 0)
 	t.Logf("stream closed %v after the CA bundle changed", time.Since(rotated))
+}
+
+// A peer that sends faster than its rate limit breaks the protocol: its
+// stream is read no faster than the limit allows, with its bursts.
+func TestUpdateCodecBoundsAPeersRate(t *testing.T) {
+	limits := Limits{MaxMessageBytes: 1 << 10, MaxEndpoints: 16, MaxMessagesPerSecond: 10, MaxBytesPerSecond: 1 << 20}
+	c := &updateCodec{limits: limits, bytes: bytesTotal.WithLabelValues("rate-test", "received"), updates: updatesTotal.WithLabelValues("rate-test", "received")}
+	c.messageRate, c.byteRate = limits.rateLimiters()
+	data, err := proto.Marshal(&federationv1.Update{Seq: 1, SentUnixNano: 1, Snapshot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(data)}, &federationv1.Update{})
+		if err != nil {
+			if !errors.Is(c.err, errRate) || i < 2*limits.MaxMessagesPerSecond || i > 2*limits.MaxMessagesPerSecond+2 {
+				t.Fatalf("message %d: %v (%v)", i, err, c.err)
+			}
+			return
+		}
+	}
+	t.Fatal("100 messages at once read at 10 a second")
 }

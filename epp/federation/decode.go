@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/netip"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/proto"
 
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
@@ -19,11 +20,31 @@ type Limits struct {
 	MaxMessageBytes int
 	// MaxEndpoints bounds the endpoints held for one peer.
 	MaxEndpoints int
+	// MaxMessagesPerSecond and MaxBytesPerSecond bound the rate at which a
+	// peer's stream is read, with bursts of twice the messages and of a
+	// full message on top of the bytes; a peer that sends faster breaks the
+	// protocol. Zero does not bound.
+	MaxMessagesPerSecond int
+	MaxBytesPerSecond    int
 }
 
 // DefaultLimits allow a peer 4,096 endpoints in messages of at most 4 MiB; a
 // full snapshot of 4,096 endpoints with a dozen labels each is about 1.5 MiB.
-var DefaultLimits = Limits{MaxMessageBytes: 4 << 20, MaxEndpoints: 4096}
+// A publisher sends 20 messages a second (--federation-publish-interval), a
+// few KiB each in steady state.
+var DefaultLimits = Limits{MaxMessageBytes: 4 << 20, MaxEndpoints: 4096, MaxMessagesPerSecond: 100, MaxBytesPerSecond: 8 << 20}
+
+// rateLimiters return the limiters of a stream's messages and bytes; nil
+// where Limits do not bound.
+func (l Limits) rateLimiters() (messages, bytes *rate.Limiter) {
+	if l.MaxMessagesPerSecond > 0 {
+		messages = rate.NewLimiter(rate.Limit(l.MaxMessagesPerSecond), 2*l.MaxMessagesPerSecond)
+	}
+	if l.MaxBytesPerSecond > 0 {
+		bytes = rate.NewLimiter(rate.Limit(l.MaxBytesPerSecond), l.MaxBytesPerSecond+l.MaxMessageBytes)
+	}
+	return messages, bytes
+}
 
 // Per-endpoint bounds, from Kubernetes' own limits where one exists. They
 // are shared: the decoder refuses a message that breaks them, the publisher

@@ -34,7 +34,7 @@ var (
 	}, []string{"peer", "direction"})
 	streamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_stream_errors_total",
-		Help: "Subscription streams to a peer that ended, by reason (connect, transport, protocol, stale).",
+		Help: "Subscription streams to a peer that ended, by reason (connect, transport, protocol, rate, stale).",
 	}, []string{"peer", "reason"})
 	endpointsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_endpoints_refused_total",

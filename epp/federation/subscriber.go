@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/encoding"
@@ -219,6 +220,7 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 	defer watchdog.Stop()
 	c := &updateCodec{limits: s.opts.Limits, bytes: bytesTotal.WithLabelValues(p.Cluster, "received"),
 		updates: updatesTotal.WithLabelValues(p.Cluster, "received")}
+	c.messageRate, c.byteRate = s.opts.Limits.rateLimiters()
 	st, err := federationv1.NewFederationClient(conn).Subscribe(ctx,
 		&federationv1.SubscribeRequest{PoolNamespace: s.opts.Pool.Namespace, PoolName: s.opts.Pool.Name, Cluster: s.opts.Cluster},
 		grpc.ForceCodecV2(c), grpc.MaxCallRecvMsgSize(s.opts.Limits.MaxMessageBytes))
@@ -244,6 +246,9 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 			if errors.Is(context.Cause(ctx), errStale) {
 				return "stale", errStale
 			}
+			if errors.Is(c.err, errRate) {
+				return "rate", c.err
+			}
 			if c.err != nil {
 				return "protocol", c.err
 			}
@@ -263,7 +268,10 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 	}
 }
 
-var errStale = errors.New("no message within the staleness bound")
+var (
+	errStale = errors.New("no message within the staleness bound")
+	errRate  = errors.New("peer sends faster than its rate limit")
+)
 
 // updateCodec decodes received Updates with DecodeUpdate, so that every byte
 // from a peer goes through the same validation the fuzz tests exercise, and
@@ -271,6 +279,9 @@ var errStale = errors.New("no message within the staleness bound")
 type updateCodec struct {
 	limits         Limits
 	bytes, updates prometheus.Counter
+	// messageRate and byteRate bound the stream's rate; nil where Limits
+	// do not.
+	messageRate, byteRate *rate.Limiter
 	// err is the last decoding error: gRPC reports it to Recv as an
 	// Internal status, this keeps it apart from transport errors.
 	err error
@@ -287,9 +298,15 @@ func (c *updateCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return encoding.GetCodecV2(grpcproto.Name).Unmarshal(data, v)
 	}
-	b := data.Materialize()
-	c.bytes.Add(float64(len(b)))
+	n := data.Len()
+	c.bytes.Add(float64(n))
 	c.updates.Inc()
+	now := time.Now()
+	if c.messageRate != nil && !c.messageRate.AllowN(now, 1) || c.byteRate != nil && !c.byteRate.AllowN(now, n) {
+		c.err = fmt.Errorf("%w: over %d messages or %d bytes a second", errRate, c.limits.MaxMessagesPerSecond, c.limits.MaxBytesPerSecond)
+		return fmt.Errorf("%w: %w", errProtocol, c.err)
+	}
+	b := data.Materialize()
 	if err := decodeInto(b, out, c.limits); err != nil {
 		c.err = err
 		return fmt.Errorf("%w: %w", errProtocol, err)
