@@ -190,6 +190,24 @@ func TestAPeerAnnouncingAddressesNoPeerHasGetsNoPicks(t *testing.T) {
 // west, by reason.
 func refusals(t testing.TB) map[string]float64 {
 	t.Helper()
+	return gatheredBy(t, "fleetinfer_epp_federation_endpoints_refused_total", map[string]string{"peer": "west"}, "reason")
+}
+
+// gathered sums the series of the federation metric name whose labels
+// include match.
+func gathered(t testing.TB, name string, match map[string]string) float64 {
+	t.Helper()
+	var sum float64
+	for _, v := range gatheredBy(t, name, match, "") {
+		sum += v
+	}
+	return sum
+}
+
+// gatheredBy sums the series of the federation metric name whose labels
+// include match, by the value of label by.
+func gatheredBy(t testing.TB, name string, match map[string]string, by string) map[string]float64 {
+	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(federation.Collectors()...)
 	families, err := reg.Gather()
@@ -198,7 +216,7 @@ func refusals(t testing.TB) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, f := range families {
-		if f.GetName() != "fleetinfer_epp_federation_endpoints_refused_total" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
@@ -206,10 +224,19 @@ func refusals(t testing.TB) map[string]float64 {
 			for _, l := range m.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if labels["peer"] == "west" {
-				out[labels["reason"]] = m.GetCounter().GetValue()
+			if matches(labels, match) {
+				out[labels[by]] += m.GetCounter().GetValue()
 			}
 		}
 	}
 	return out
+}
+
+func matches(labels, match map[string]string) bool {
+	for k, v := range match {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
 }

@@ -166,11 +166,13 @@ func TestARemovedPeersOpenStreamClosesWithinFiveSeconds(t *testing.T) {
 }
 
 // A newer stream of the same peer replaces the open one, which ends with
-// ABORTED: a peer holds one stream however many it opens.
+// ABORTED: a peer holds one stream however many it opens. A peer that
+// opens streams in a loop is answered RESOURCE_EXHAUSTED, after a second.
 func TestANewerStreamOfTheSamePeerReplacesTheOpenOne(t *testing.T) {
 	p := newFederatedPair(t)
 	p.west.local.set(localPod("a", "127.12.0.1", 0))
-	open := func() federationv1.Federation_SubscribeClient {
+	p.holds(t, "west's pod mirrored", 1)
+	open := func() (federationv1.Federation_SubscribeClient, error) {
 		conn, err := grpc.NewClient("passthrough:///"+p.west.addr, grpc.WithTransportCredentials(grpccreds.NewTLS(p.east.creds.ClientConfig(p.west.identity))))
 		if err != nil {
 			t.Fatal(err)
@@ -181,14 +183,22 @@ func TestANewerStreamOfTheSamePeerReplacesTheOpenOne(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := st.Recv(); err != nil {
-			t.Fatal(err)
-		}
-		return st
+		_, err = st.Recv()
+		return st, err
 	}
-	prev := open()
-	for range 5 {
-		next := open()
+	prev, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for replaced := 0; ; replaced++ {
+		began := time.Now()
+		next, err := open()
+		if err != nil {
+			if status.Code(err) != codes.ResourceExhausted || time.Since(began) < 900*time.Millisecond || replaced < 2 {
+				t.Fatalf("stream %d: %v after %v, want RESOURCE_EXHAUSTED after a second, past the burst", replaced+2, err, time.Since(began))
+			}
+			break
+		}
 		for {
 			_, err := prev.Recv()
 			if err == nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -71,6 +72,8 @@ type Publisher struct {
 	last map[uint32]*sentEndpoint
 	// byCluster is each peer's one open stream.
 	byCluster map[string]*subscription
+	// opened bounds how often each peer may open a stream.
+	opened map[string]*rate.Limiter
 	// bytes is the encoded size of last's endpoints in a snapshot.
 	bytes int
 	// withheld are the local endpoints left out of what is published, and
@@ -132,7 +135,8 @@ func NewPublisher(opts PublisherOptions) *Publisher {
 		opts.Limits = DefaultLimits
 	}
 	return &Publisher{opts: opts, ids: map[types.NamespacedName]uint32{}, withheld: map[types.NamespacedName]*fwkdl.EndpointMetadata{},
-		last: map[uint32]*sentEndpoint{}, subs: map[*subscription]struct{}{}, byCluster: map[string]*subscription{}}
+		last: map[uint32]*sentEndpoint{}, subs: map[*subscription]struct{}{}, byCluster: map[string]*subscription{},
+		opened: map[string]*rate.Limiter{}}
 }
 
 // Run compares local state every interval and publishes changes until ctx ends.
@@ -326,6 +330,26 @@ func (p *Publisher) snapshot(now time.Time) *federationv1.Update {
 	return u
 }
 
+// Streams a peer may open: one a second, in bursts of four. A subscriber
+// reconnects with backoff from 100 ms; each stream costs a snapshot.
+const (
+	streamsPerSecond = 1
+	streamBurst      = 4
+)
+
+// mayOpen reports whether cluster may open a stream now.
+func (p *Publisher) mayOpen(cluster string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.opened[cluster]
+	if l == nil {
+		// Peers come from the directory (MaxPeers), so this map is bounded.
+		l = rate.NewLimiter(streamsPerSecond, streamBurst)
+		p.opened[cluster] = l
+	}
+	return l.Allow()
+}
+
 // drop forgets a subscription. Called with p.mu held.
 func (p *Publisher) drop(s *subscription) {
 	delete(p.subs, s)
@@ -401,6 +425,16 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 		refused.WithLabelValues("wrong-pool").Inc()
 		return status.Errorf(codes.FailedPrecondition, "this EPP serves pool %s, not %s/%s",
 			p.opts.Pool, req.GetPoolNamespace(), req.GetPoolName())
+	}
+	if !p.mayOpen(cluster) {
+		// A peer that reopens in a loop is answered late, so that each of
+		// its connections costs one stream a second, not a busy loop.
+		refused.WithLabelValues("too-often").Inc()
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+		return status.Error(codes.ResourceExhausted, "this peer opens streams too often; retry with backoff")
 	}
 	s := &subscription{ch: make(chan *federationv1.Update, p.opts.Buffer), cluster: cluster, chain: chain, ended: make(chan struct{})}
 	local := p.opts.Local()
