@@ -20,6 +20,7 @@ import (
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
@@ -50,6 +51,10 @@ type FederationOptions struct {
 	SubscriberBuffer int
 	SourceAddress    string
 	AllowLoopback    bool
+	MaxRemoteShare   float64
+	BreakerFailures  int
+	BreakerOpen      time.Duration
+	BreakerSlow      time.Duration
 }
 
 // maxReconnectBackoff caps the wait between a peer's reconnects. A reconnect
@@ -67,6 +72,8 @@ func NewFederationOptions() *FederationOptions {
 		MaxMessageRate: federation.DefaultLimits.MaxMessagesPerSecond, MaxByteRate: federation.DefaultLimits.MaxBytesPerSecond,
 		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: maxReconnectBackoff,
 		LaggingAfter: 500 * time.Millisecond, SubscriberBuffer: 64,
+		MaxRemoteShare: crossing.DefaultOptions.MaxShare, BreakerFailures: crossing.DefaultOptions.Failures,
+		BreakerOpen: crossing.DefaultOptions.Open, BreakerSlow: crossing.DefaultOptions.SlowAfter,
 	}
 }
 
@@ -85,6 +92,10 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
 	fs.IntVar(&o.MaxEndpoints, "federation-max-endpoints-per-peer", o.MaxEndpoints, "Most endpoints accepted from one peer.")
 	fs.BoolVar(&o.AllowLoopback, fleetv1alpha1.FlagFederationAllowLoopback, o.AllowLoopback, "Admit peers' endpoints at loopback addresses (only for a fleet that lives on loopback, as the local fleet does); each peer's address ranges still apply.")
+	fs.Float64Var(&o.MaxRemoteShare, "federation-max-remote-share", o.MaxRemoteShare, "Largest share of picks (over 10 s, once 20 picks were made) one remote cluster may take; 1 does not bound.")
+	fs.IntVar(&o.BreakerFailures, "federation-breaker-failures", o.BreakerFailures, "Crossed requests to a cluster that fail in a row (5xx, no response, or slower than --federation-breaker-slow) before no request crosses to it for --federation-breaker-open; then one probes.")
+	fs.DurationVar(&o.BreakerOpen, "federation-breaker-open", o.BreakerOpen, "How long a cluster's circuit breaker stays open before a request probes it.")
+	fs.DurationVar(&o.BreakerSlow, "federation-breaker-slow", o.BreakerSlow, "A crossed request whose response headers take longer counts as failed; 0 judges errors only.")
 	fs.IntVar(&o.MaxMessageBytes, "federation-max-message-bytes", o.MaxMessageBytes, "Largest federation message accepted; what a peer's endpoints may take in all, and what this EPP publishes fits it.")
 	fs.IntVar(&o.MaxMessageRate, "federation-max-messages-per-second", o.MaxMessageRate, "Most messages a second read from one peer (bursts of twice that); a faster peer's stream is closed. 0: no bound.")
 	fs.IntVar(&o.MaxByteRate, "federation-max-bytes-per-second", o.MaxByteRate, "Most bytes a second read from one peer (bursts of one more message); a faster peer's stream is closed. 0: no bound.")
@@ -116,10 +127,20 @@ func (o *FederationOptions) Validate() error {
 	if o.Staleness <= 0 || o.PublishInterval <= 0 || o.Heartbeat <= 0 || o.Heartbeat >= o.Staleness {
 		errs = append(errs, errors.New("federation intervals must be positive, with the heartbeat shorter than the staleness bound"))
 	}
+	if o.MaxRemoteShare <= 0 || o.MaxRemoteShare > 1 || o.BreakerFailures <= 0 || o.BreakerOpen <= 0 || o.BreakerSlow < 0 {
+		errs = append(errs, errors.New("--federation-max-remote-share must be in (0, 1], the breaker's failures and open time positive"))
+	}
 	if o.MaxEndpoints <= 0 || o.MaxMessageBytes <= 0 || o.MaxMessageRate < 0 || o.MaxByteRate < 0 {
 		errs = append(errs, errors.New("federation limits must be positive (rates may be 0: no bound)"))
 	}
 	return errors.Join(errs...)
+}
+
+// crossingOptions are the crossing gate's options from the flags.
+func (o *FederationOptions) crossingOptions() crossing.Options {
+	opts := crossing.DefaultOptions
+	opts.MaxShare, opts.Failures, opts.Open, opts.SlowAfter = o.MaxRemoteShare, o.BreakerFailures, o.BreakerOpen, o.BreakerSlow
+	return opts
 }
 
 // federationParts are the running pieces; all nil when federation is off.
