@@ -33,6 +33,13 @@ type federatedPair struct {
 
 func newFederatedPair(t *testing.T) *federatedPair {
 	t.Helper()
+	return newFederatedPairStale(t, time.Second)
+}
+
+// newFederatedPairStale is newFederatedPair with east's staleness bound
+// staleAfter.
+func newFederatedPairStale(t *testing.T, staleAfter time.Duration) *federatedPair {
+	t.Helper()
 	ca, err := federationtest.NewCA("fleet")
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +55,7 @@ func newFederatedPair(t *testing.T) *federatedPair {
 	if err := dir.Load(); err != nil {
 		t.Fatal(err)
 	}
-	p.store = subscribe(t, "east", p.east.creds, dir)
+	p.store = subscribeStale(t, "east", p.east.creds, dir, staleAfter)
 	return p
 }
 
@@ -74,7 +81,9 @@ func (p *federatedPair) peers() []fleetv1alpha1.Peer {
 // endpoints in all: the publisher leaves out the first, the adapter name,
 // and the endpoints past the limit, and the rest federate.
 func TestPublisherWithholdsWhatBreaksTheSharedLimitsAndTheRestFederates(t *testing.T) {
-	p := newFederatedPair(t)
+	// A snapshot of 4,096 endpoints may take seconds to build, send and
+	// apply on a loaded machine; the stream must not go stale meanwhile.
+	p := newFederatedPairStale(t, 10*time.Second)
 	labelled := localPod("labelled", "127.12.0.1", 0)
 	for i := range maxLabels + 1 {
 		labelled.GetMetadata().Labels[fmt.Sprintf("label-%d", i)] = "v"

@@ -146,10 +146,17 @@ func writeDirectoryFile(t *testing.T, path string, peers ...fleetv1alpha1.Peer) 
 // the local fleet does.
 var testDestinations = Destinations{AllowLoopback: true}
 
-// subscribe runs a subscriber for cluster self following dir into a new store.
+// subscribe runs a subscriber for cluster self following dir into a new
+// store with a staleness bound of a second.
 func subscribe(t *testing.T, self string, creds *Credentials, dir *DirectoryFile) *Store {
 	t.Helper()
-	store := NewStore(time.Second)
+	return subscribeStale(t, self, creds, dir, time.Second)
+}
+
+// subscribeStale is subscribe with the staleness bound staleAfter.
+func subscribeStale(t *testing.T, self string, creds *Credentials, dir *DirectoryFile, staleAfter time.Duration) *Store {
+	t.Helper()
+	store := NewStore(staleAfter)
 	sub := NewSubscriber(SubscriberOptions{Cluster: self, Pool: testPool, DefaultMode: fleetv1alpha1.FederationEndpoint, Store: store,
 		Credentials: creds, Limits: DefaultLimits, Destinations: testDestinations, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Log: logr.Discard()})
 	ctx, cancel := context.WithCancel(context.Background())
