@@ -203,7 +203,9 @@ func TestANewerStreamOfTheSamePeerReplacesTheOpenOne(t *testing.T) {
 		began := time.Now()
 		next, err := open()
 		if err != nil {
-			if status.Code(err) != codes.ResourceExhausted || time.Since(began) < 900*time.Millisecond || replaced < 2 {
+			// East's own subscriber, replaced too, reconnects and takes
+			// from the same burst: how many replacements fit varies.
+			if status.Code(err) != codes.ResourceExhausted || time.Since(began) < 900*time.Millisecond {
 				t.Fatalf("stream %d: %v after %v, want RESOURCE_EXHAUSTED after a second, past the burst", replaced+2, err, time.Since(began))
 			}
 			break
