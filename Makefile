@@ -126,6 +126,7 @@ generate: $(CONTROLLER_GEN) $(PROTOGEN) ## Generate deepcopy code and the EPP fe
 
 fuzz: ## Run each fuzz test for FUZZTIME (default 5s) on top of its committed corpus.
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzDecodeAndApply$$' -fuzztime $(FUZZTIME)
+	go test ./epp/federation -run '^$$' -fuzz '^FuzzMessageSequence$$' -fuzztime $(FUZZTIME)
 	go test ./epp -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime $(FUZZTIME)
 
 verify-generated: ## Fail when `make manifests generate` would change a file.

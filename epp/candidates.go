@@ -10,6 +10,7 @@ import (
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
@@ -47,7 +48,10 @@ type candidates struct {
 	// nil (no cross-cluster-filter configured) admits every fresh one.
 	spill *spill.Policy
 	// failOpen reports the pool's failureMode.
-	failOpen          func(ctx context.Context) bool
+	failOpen func(ctx context.Context) bool
+	// crossings leaves out the remote clusters a request may not cross to
+	// now (share, breaker); nil admits every one.
+	crossings         *crossing.Gate
 	disableSubsetHint bool
 	now               func() time.Time
 }
@@ -81,6 +85,7 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 	// saturation probes.
 	if forRequest(ctx) {
 		remote.ObserveLag(now)
+		remote.Peers = c.crossings.Admitted(remote.Peers, now)
 	}
 	if c.spill == nil {
 		return remote.AppendFresh(local)

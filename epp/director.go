@@ -3,16 +3,35 @@ package epp
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extProcPb "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
+
+// responseStatus is the :status of response headers, 0 when absent.
+func responseStatus(h *corev3.HeaderMap) int {
+	for _, hv := range h.GetHeaders() {
+		if hv.GetKey() == ":status" {
+			v := hv.GetRawValue()
+			if len(v) == 0 {
+				v = []byte(hv.GetValue())
+			}
+			n, _ := strconv.Atoi(string(v))
+			return n
+		}
+	}
+	return 0
+}
 
 // The request path around GIE's Director, for remote picks: the stream
 // wrapper verifies the Parent-mode marks a request arrives with (which keep
@@ -26,7 +45,8 @@ import (
 // the signed marks. Endpoint-mode and local targets keep their ip:port.
 type director struct {
 	handlers.Director
-	marker *marker
+	marker    *marker
+	crossings *crossing.Gate
 }
 
 func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestContext) (*handlers.RequestContext, error) {
@@ -36,11 +56,14 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 		return rc, err
 	}
 	primary := federation.OriginOf(p.targets[0])
+	p.pickedAt = time.Now()
 	if primary == nil {
 		localPicks.Inc()
 	} else {
 		picks.WithLabelValues("remote", primary.Cluster).Inc()
+		p.crossed = primary.Cluster
 	}
+	d.crossings.Picked(p.crossed, p.pickedAt)
 	parent := slices.ContainsFunc(p.targets, func(t fwksched.Endpoint) bool {
 		o := federation.OriginOf(t)
 		return o != nil && o.Mode == fleetv1alpha1.FederationParent
@@ -78,18 +101,28 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 // request-headers response carries a Parent-mode pick's marks.
 type extProcServer struct {
 	extProcPb.UnimplementedExternalProcessorServer
-	inner  extProcPb.ExternalProcessorServer
-	marker *marker
+	inner     extProcPb.ExternalProcessorServer
+	marker    *marker
+	crossings *crossing.Gate
 }
 
 func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer) error {
-	return s.inner.Process(&markingStream{ExternalProcessor_ProcessServer: stream, ctx: withPick(stream.Context()), marker: s.marker})
+	ms := &markingStream{ExternalProcessor_ProcessServer: stream, ctx: withPick(stream.Context()), marker: s.marker, crossings: s.crossings}
+	err := s.inner.Process(ms)
+	// A crossed request whose stream ends before its response headers came
+	// back got no response: a failure of the crossing (or a client that
+	// gave up, which cannot be told apart here).
+	if p := pickOf(ms.ctx); p.crossed != "" && !p.observed {
+		s.crossings.Observe(p.crossed, true, time.Since(p.pickedAt), time.Now())
+	}
+	return err
 }
 
 type markingStream struct {
 	extProcPb.ExternalProcessor_ProcessServer
-	ctx    context.Context
-	marker *marker
+	ctx       context.Context
+	marker    *marker
+	crossings *crossing.Gate
 }
 
 func (s *markingStream) Context() context.Context { return s.ctx }
@@ -99,6 +132,12 @@ func (s *markingStream) Recv() (*extProcPb.ProcessingRequest, error) {
 	if h := req.GetRequestHeaders(); err == nil && h != nil {
 		if p := pickOf(s.ctx); p != nil {
 			s.marker.read(s.ctx, h.GetHeaders(), p)
+		}
+	}
+	if h := req.GetResponseHeaders(); err == nil && h != nil {
+		if p := pickOf(s.ctx); p.crossed != "" && !p.observed {
+			p.observed = true
+			s.crossings.Observe(p.crossed, responseStatus(h.GetHeaders()) >= 500, time.Since(p.pickedAt), time.Now())
 		}
 	}
 	return req, err

@@ -2,6 +2,7 @@ package epp
 
 import (
 	"context"
+	"time"
 
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
@@ -22,6 +23,12 @@ type pick struct {
 	// carried reports that the request arrived with mark headers, verified
 	// or not; they are removed unless the pick sets its own.
 	carried bool
+	// crossed is the remote cluster of the primary target, "" for a local
+	// pick, picked at pickedAt; observed reports that its outcome was
+	// given to the crossing gate.
+	crossed  string
+	pickedAt time.Time
+	observed bool
 }
 
 // pickKey is the context key of a request's *pick, the one piece of

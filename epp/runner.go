@@ -66,6 +66,7 @@ import (
 	fwkrh "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requesthandling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 )
 
@@ -85,6 +86,9 @@ type Runner struct {
 	// marker signs and verifies Parent-mode marks; built with the
 	// candidate lookup, before the ext-proc server; nil without federation.
 	marker *marker
+	// crossings bounds each remote cluster's share of picks and breaks
+	// crossings to failing ones; built with marker, nil without federation.
+	crossings *crossing.Gate
 }
 
 // NewRunner returns a runner whose flags are GIE's, fleetinfer's federation
@@ -102,7 +106,7 @@ func NewRunner() *Runner {
 		Collectors:            metricCollectors(),
 		Candidates:            r.candidates,
 		ExtProcServer: func(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
-			return newExtProcServer(ds, gie, parser, r.marker)
+			return newExtProcServer(ds, gie, parser, r.marker, r.crossings)
 		},
 	})
 	return r
@@ -147,6 +151,8 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 	if fed.store != nil {
 		cands.remote = fed.store
 		r.marker = fed.marker()
+		r.crossings = crossing.New(r.fed.crossingOptions())
+		cands.crossings = r.crossings
 	}
 	if cands.spill, err = r.spill.get(); err != nil {
 		return nil, err
@@ -159,9 +165,10 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 
 // newExtProcServer is the ext-proc service around GIE's Director: GIE's
 // StreamingServer over the director wrapper, inside the stream wrapper
-// (director.go), both with the marker (nil without federation).
-func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker) extProcPb.ExternalProcessorServer {
-	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m}, parser), marker: m}
+// (director.go), both with the marker and the crossing gate (nil without
+// federation).
+func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker, g *crossing.Gate) extProcPb.ExternalProcessorServer {
+	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m, crossings: g}, parser), marker: m, crossings: g}
 }
 
 // poolFailOpen reads endpointPickerRef.failureMode from the InferencePool,

@@ -400,7 +400,10 @@ func (f *Fleet) startKubelet(ctx context.Context, c *Cluster, index int) error {
 			kubelet.SimulatorRuntime{Binary: b.Simulator, Repos: kubelet.DefaultModelServerImages, DefaultArgs: c.Spec.SimulatorArgs},
 			kubelet.BinaryRuntime{Description: "fleetinfer EPP images as bin/epp", Repos: []string{"fleetinfer/epp"}, Binary: b.EPP,
 				PortFlags:  map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090, "federation-port": 9004},
-				PodIPFlags: []string{fleetv1alpha1.FlagFederationSourceAddress}},
+				PodIPFlags: []string{fleetv1alpha1.FlagFederationSourceAddress},
+				// Pods live on loopback here; each spoke's range still
+				// bounds its peers' endpoints (PodCIDRsProperty).
+				Args: []string{"--" + fleetv1alpha1.FlagFederationAllowLoopback}},
 			kubelet.BinaryRuntime{Description: "fleetinfer spoke images as bin/spoke", Repos: []string{"fleetinfer/spoke"}, Binary: b.Spoke,
 				AddressFlags: map[string]int32{"metrics-bind-address": 8080, "health-probe-bind-address": 8081}},
 			kubelet.CompletedRuntime{Description: "KServe storage-initializer (no model weights to fetch)", Repos: []string{"kserve/storage-initializer"}},
