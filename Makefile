@@ -123,6 +123,7 @@ generate: $(CONTROLLER_GEN) $(PROTOGEN) ## Generate deepcopy code and the EPP fe
 fuzz: ## Run each fuzz test for FUZZTIME (default 5s) on top of its committed corpus.
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzDecodeAndApply$$' -fuzztime $(FUZZTIME)
 	go test ./epp -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime $(FUZZTIME)
+	go test ./spoke/llmisvc -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME)
 
 verify-generated: ## Fail when `make manifests generate` would change a file.
 	hack/verify-generated.sh
