@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/utils/ptr"
 
@@ -23,6 +24,10 @@ func FuzzRender(f *testing.F) {
 	f.Add(`{{ with .Spec.Parallelism }}{{ or .Tensor 1 }}{{ else }}{{ index .Spec.Template.Containers 0 }}{{ end }}`, `{{- "x" -}}`, "m")
 	lim := RenderLimits{MaxBytes: 64 << 10, Timeout: 50 * time.Millisecond}
 	f.Fuzz(func(t *testing.T, config, value, model string) {
+		// Objects reach the controller as JSON, always valid UTF-8.
+		if !utf8.ValidString(config) || !utf8.ValidString(value) || !utf8.ValidString(model) {
+			return
+		}
 		configs := argsSpec("", config)
 		configs.Model = v1alpha2.LLMModelSpec{}
 		service := argsSpec(model, value, "plain")
