@@ -128,6 +128,7 @@ fuzz: ## Run each fuzz test for FUZZTIME (default 5s) on top of its committed co
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzDecodeAndApply$$' -fuzztime $(FUZZTIME)
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzMessageSequence$$' -fuzztime $(FUZZTIME)
 	go test ./epp -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime $(FUZZTIME)
+	go test ./spoke/llmisvc -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME)
 
 verify-generated: ## Fail when `make manifests generate` would change a file.
 	hack/verify-generated.sh

@@ -25,6 +25,8 @@ func main() {
 	flag.StringVar(&gateway, "default-gateway", "fleetinfer-system/inference-gateway", "namespace/name of the Gateway for `router.gateway: {}`.")
 	flag.BoolVar(&opts.Global.EnableTLS, "enable-tls", false, "Serve model servers and the endpoint picker over TLS (presets read it as .GlobalConfig.EnableTLS).")
 	flag.StringVar(&opts.Global.ModelBasedRoutingHeaderName, "model-routing-header", "X-Gateway-Model-Name", "Header the route preset matches for model-based routing.")
+	flag.IntVar(&opts.Workers, "concurrent-service-syncs", llmisvc.DefaultWorkers, "Services reconciled at once.")
+	flag.DurationVar(&opts.StallAfter, "reconcile-stall-timeout", llmisvc.DefaultStallAfter, "/healthz fails while one service's reconcile has run longer than this.")
 	federationAddress := flag.String("federation-address", string(llmisvc.FederationAddressLoadBalancer),
 		"Address a federated endpoint picker is reported at for other clusters: LoadBalancer (a Service of type LoadBalancer per federated service) "+
 			"or PodIP (the ready picker pod's IP, for a cluster without a load-balancer controller whose pod network other clusters reach).")

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"text/template"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -83,10 +82,15 @@ type composed struct {
 
 // compose merges the well-known presets, then spec.baseRefs in order, then
 // the service's own spec (strategic merge: pod containers, volumes and env
-// merge by name), renders the Go templates in the result against the merged
-// spec, applies the controller's defaults, resolves the scheduler config and
-// has the API server validate the outcome.
+// merge by name); the configs' Go templates are rendered against the merged
+// spec and the service's placeholders replaced (see render). It then applies
+// the controller's defaults, resolves the scheduler config and has the API
+// server validate the outcome.
 func (r *Reconciler) compose(ctx context.Context, svc *v1alpha2.LLMInferenceService) (*composed, error) {
+	// A spec over the limit is refused before merging spends time on it.
+	if _, err := (&budget{left: r.opts.RenderLimits.MaxBytes}).tree("the service's spec", svc.Spec); err != nil {
+		return nil, renderError(err)
+	}
 	var applied []v1alpha2.AppliedConfigRef
 	var bases []v1alpha2.LLMInferenceServiceSpec
 	for _, ref := range svc.Spec.BaseRefs {
@@ -115,16 +119,13 @@ func (r *Reconciler) compose(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 		presetRefs = append(presetRefs, v1alpha2.AppliedConfigRef{Name: gwapiv1.ObjectName(cfg.Name),
 			Namespace: gwapiv1.Namespace(cfg.Namespace), Source: v1alpha2.AppliedConfigSourcePreset})
 	}
-	merged, err := v1alpha2.MergeAll(append(append(presets, bases...), svc.Spec))
+	configs, err := v1alpha2.MergeAll(append(presets, bases...))
 	if err != nil {
 		return nil, &configError{reason: ReasonCombineError, err: err}
 	}
-	if merged.Model.Name == nil || *merged.Model.Name == "" {
-		merged.Model.Name = ptr.To(svc.Name)
-	}
-	rendered, err := r.render(svc, merged)
+	rendered, err := render(renderInput{meta: svc.ObjectMeta, global: r.opts.Global, configs: configs, service: svc.Spec}, r.opts.RenderLimits)
 	if err != nil {
-		return nil, &configError{reason: ReasonInvalidRenderedConfig, terminal: true, err: err}
+		return nil, renderError(err)
 	}
 	r.applyDefaults(svc, rendered)
 	if err := r.resolveSchedulerConfig(ctx, svc.Namespace, rendered); err != nil {
@@ -134,6 +135,21 @@ func (r *Reconciler) compose(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 		return nil, err
 	}
 	return &composed{spec: *rendered, applied: append(presetRefs, applied...)}, nil
+}
+
+// renderError is a rendering failure with its reason; none is retried
+// before the service or a config changes.
+func renderError(err error) error {
+	var le *limitError
+	var pe *placeholderError
+	switch {
+	case errors.As(err, &le):
+		return &configError{reason: ReasonRenderLimitExceeded, terminal: true, err: err}
+	case errors.As(err, &pe):
+		return &configError{reason: ReasonUnsupportedPlaceholder, terminal: true, err: err}
+	default:
+		return &configError{reason: ReasonInvalidRenderedConfig, terminal: true, err: fmt.Errorf("render config templates: %w", err)}
+	}
 }
 
 // presetsFor chooses the well-known presets for a service's shape, lowest
@@ -184,36 +200,6 @@ func (r *Reconciler) config(ctx context.Context, ns, name string) (*v1alpha2.LLM
 	}
 	return nil, &configError{reason: ReasonConfigNotFound, terminal: true,
 		err: fmt.Errorf("LLMInferenceServiceConfig %q not found in namespace %q or the system namespace %q", name, ns, r.opts.SystemNamespace)}
-}
-
-// render executes the merged spec, as JSON text, as a Go template with the
-// service's metadata, its merged spec and the global config, as KServe
-// renders presets (against the merged spec, so topology that comes from a
-// baseRef is visible to the templates).
-func (r *Reconciler) render(svc *v1alpha2.LLMInferenceService, spec v1alpha2.LLMInferenceServiceSpec) (*v1alpha2.LLMInferenceServiceSpec, error) {
-	raw, err := json.Marshal(spec)
-	if err != nil {
-		return nil, err
-	}
-	if !bytes.Contains(raw, []byte("{{")) {
-		return &spec, nil
-	}
-	tmpl, err := template.New("spec").Option("missingkey=error").Funcs(template.FuncMap{
-		"ChildName": childName,
-	}).Parse(string(raw))
-	if err != nil {
-		return nil, fmt.Errorf("parse templates in the merged spec: %w", err)
-	}
-	var out bytes.Buffer
-	data := templateData{ObjectMeta: svc.ObjectMeta, Spec: spec, GlobalConfig: r.opts.Global}
-	if err := tmpl.Execute(&out, data); err != nil {
-		return nil, fmt.Errorf("render templates in the merged spec: %w", err)
-	}
-	var rendered v1alpha2.LLMInferenceServiceSpec
-	if err := json.Unmarshal(out.Bytes(), &rendered); err != nil {
-		return nil, fmt.Errorf("rendered spec is not valid JSON (a template produced a value that breaks it): %w", err)
-	}
-	return &rendered, nil
 }
 
 // applyDefaults fills what the controller defaults after merging: the pool

@@ -40,7 +40,22 @@ type Options struct {
 	// FederationAddress is which address of a federated picker the copy
 	// reports for other clusters; empty means LoadBalancer.
 	FederationAddress FederationAddress
+	// RenderLimits bound each service's rendering; zero means
+	// DefaultRenderLimits.
+	RenderLimits RenderLimits
+	// Workers is how many services are reconciled at once; zero means
+	// DefaultWorkers.
+	Workers int
+	// StallAfter is how long one reconcile may run before the liveness
+	// check fails; zero means DefaultStallAfter.
+	StallAfter time.Duration
 }
+
+// Defaults of Options.
+const (
+	DefaultWorkers    = 4
+	DefaultStallAfter = 2 * time.Minute
+)
 
 // Reconciler reconciles LLMInferenceServices.
 type Reconciler struct {
@@ -53,6 +68,8 @@ type Reconciler struct {
 	// pickers holds the endpoint pickers' pods (see watchPickers); nil
 	// unless federation addresses are pod IPs.
 	pickers client.Reader
+	// inFlight tracks running reconciles for the liveness check.
+	inFlight *inFlight
 }
 
 // NewReconciler builds a reconciler.
@@ -60,7 +77,16 @@ func NewReconciler(c client.Client, recorder record.EventRecorder, opts Options)
 	if opts.FederationAddress == "" {
 		opts.FederationAddress = FederationAddressLoadBalancer
 	}
-	return &Reconciler{Client: c, opts: opts, recorder: recorder}
+	if opts.RenderLimits == (RenderLimits{}) {
+		opts.RenderLimits = DefaultRenderLimits
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = DefaultWorkers
+	}
+	if opts.StallAfter <= 0 {
+		opts.StallAfter = DefaultStallAfter
+	}
+	return &Reconciler{Client: c, opts: opts, recorder: recorder, inFlight: newInFlight(opts.StallAfter)}
 }
 
 // Event reasons on Ready edges, as in KServe.
@@ -93,6 +119,7 @@ const (
 // Reconcile brings one service's children in line with its spec and writes
 // its status once, at the end.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	defer r.inFlight.start()()
 	svc := &v1alpha2.LLMInferenceService{}
 	if err := r.Get(ctx, req.NamespacedName, svc); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -107,11 +134,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, errors.Join(recErr, err)
 	}
 	r.emitReadyEdge(svc, before)
-	if recErr != nil {
+	var cfgErr *configError
+	switch {
+	case errors.As(recErr, &cfgErr):
+		r.recorder.Eventf(svc, corev1.EventTypeWarning, cfgErr.reason, "%v", recErr)
+	case recErr != nil:
 		r.recorder.Eventf(svc, corev1.EventTypeWarning, "ReconcileError", "%v", recErr)
 	}
-	var cfgErr *configError
-	if errors.As(recErr, &cfgErr) && cfgErr.terminal {
+	if cfgErr != nil && cfgErr.terminal {
 		// Waits for a change to the service or a config it uses.
 		return result, nil
 	}
@@ -147,6 +177,9 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 		st.Aggregate(v1alpha2.Ready, v1alpha2.ReadyDependents)
 		return ctrl.Result{}, err
 	}
+	if err := r.addFinalizer(ctx, svc); err != nil {
+		return ctrl.Result{}, err
+	}
 	st.MarkTrue(v1alpha2.PresetsCombined)
 	svc.Status.AppliedConfigRefs = c.applied
 	r.reportFieldsNotActedOn(svc, &c.spec)
@@ -163,6 +196,23 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	st.Aggregate(v1alpha2.RouterReady, v1alpha2.RouterSubConditions)
 	st.Aggregate(v1alpha2.Ready, v1alpha2.ReadyDependents)
 	return ctrl.Result{RequeueAfter: requeue}, errors.Join(errs...)
+}
+
+// addFinalizer adds the finalizer before the first children are made,
+// keeping the status reconciled so far: a service that never composed has
+// none to clean up, and every write of a service near the size limit costs
+// the API server seconds.
+func (r *Reconciler) addFinalizer(ctx context.Context, svc *v1alpha2.LLMInferenceService) error {
+	if controllerutil.ContainsFinalizer(svc, Finalizer) {
+		return nil
+	}
+	cp := svc.DeepCopy()
+	controllerutil.AddFinalizer(cp, Finalizer)
+	if err := r.Update(ctx, cp); err != nil {
+		return err
+	}
+	svc.ObjectMeta = cp.ObjectMeta
+	return nil
 }
 
 // teardown removes every workload and router child, for the stop annotation.

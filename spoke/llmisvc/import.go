@@ -237,9 +237,10 @@ func (r *ImportReconciler) importSchedulerSpec(ctx context.Context, svc *v1alpha
 	if cfg.Spec.Router == nil || cfg.Spec.Router.Scheduler == nil {
 		return nil, fmt.Errorf("preset %s has no spec.router.scheduler", cfg.Name)
 	}
-	s, err := r.render(svc, v1alpha2.LLMInferenceServiceSpec{Router: &v1alpha2.RouterSpec{Scheduler: cfg.Spec.Router.Scheduler.DeepCopy()}})
+	preset := v1alpha2.LLMInferenceServiceSpec{Router: &v1alpha2.RouterSpec{Scheduler: cfg.Spec.Router.Scheduler.DeepCopy()}}
+	s, err := render(renderInput{meta: svc.ObjectMeta, global: r.opts.Global, configs: preset}, r.opts.RenderLimits)
 	if err != nil {
-		return nil, err
+		return nil, renderError(err)
 	}
 	r.applyDefaults(svc, s)
 	if err := r.resolveSchedulerConfig(ctx, svc.Namespace, s); err != nil {

@@ -69,7 +69,7 @@ func TestSingleNodeServiceTurnsReadyWhenItsDeploymentIsAvailable(t *testing.T) {
 		}
 	}
 	main := container(dep.Spec.Template.Spec, "main")
-	if main == nil || main.Image != "vllm/vllm-openai:v0.11.0" || len(main.Command) < 3 || !strings.Contains(main.Command[2], `--served-model-name "facebook/opt-125m"`) {
+	if main == nil || main.Image != "vllm/vllm-openai:v0.11.0" || len(main.Command) < 3 || !strings.Contains(main.Command[2], `--served-model-name 'facebook/opt-125m'`) {
 		t.Fatalf("main container not composed from the preset and the service: %+v", main)
 	}
 	init := dep.Spec.Template.Spec.InitContainers

@@ -13,6 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
@@ -41,14 +42,20 @@ func detectAPIs(m meta.RESTMapper) availableAPIs {
 	}
 }
 
-// SetupWithManager registers the reconciler: it owns every namespaced child
+// SetupWithManager registers the reconciler, with Options.Workers workers
+// and a liveness check that fails while one reconcile runs longer than
+// Options.StallAfter: it owns every namespaced child
 // and maps changes of configs, referenced routes, pools, Gateways, scheduler
 // ConfigMaps and, with --federation-address=PodIP, endpoint-picker pods to the
 // services that use them.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.apis = detectAPIs(mgr.GetRESTMapper())
+	if err := mgr.AddHealthzCheck("llminferenceservice-progress", r.inFlight.check); err != nil {
+		return err
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("llminferenceservice").
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.Workers}).
 		For(&v1alpha2.LLMInferenceService{}).
 		Owns(&appsv1.Deployment{}).
 		// Every change, status included: a federation Service's status
