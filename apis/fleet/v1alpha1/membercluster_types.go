@@ -28,7 +28,7 @@ const (
 // +kubebuilder:printcolumn:name="Available",type="string",JSONPath=".status.conditions[?(@.type=='Available')].status"
 // +kubebuilder:printcolumn:name="Accelerators",type="string",JSONPath=".status.summary"
 // +kubebuilder:printcolumn:name="Nodes",type="integer",JSONPath=".status.nodes"
-// +kubebuilder:printcolumn:name="Reason",type="string",JSONPath=".status.conditions[?(@.type=='Available')].message",priority=1
+// +kubebuilder:printcolumn:name="Message",type="string",JSONPath=".status.conditions[?(@.type=='Available')].message",priority=1
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 type MemberCluster struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -26,7 +26,6 @@ import (
 // +kubebuilder:printcolumn:name="Ready Clusters",type="integer",JSONPath=".status.readyClusters",description="Placed clusters whose copy runs its share ready"
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 // +kubebuilder:printcolumn:name="URLs",type="string",JSONPath=".status.addresses[*].url",priority=1
-// +kubebuilder:printcolumn:name="Placement",type="string",JSONPath=".status.clusters[*].name",priority=1
 // +kubebuilder:storageversion
 type LLMInferenceService struct {
 	metav1.TypeMeta   `json:",inline"`
