@@ -33,7 +33,7 @@ func TestStatusFollowsAvailabilityAndKeepsTheLastCapacity(t *testing.T) {
 		{name: "still available keeps its transition time", cur: available, cluster: inventory.Cluster{Name: "east"}, capacity: h100,
 			wantStatus: "True", wantSince: now.Add(-time.Hour), wantSummary: "H100 3/8 free"},
 		{name: "lost: unavailable since the loss, the last report kept", cur: available,
-			cluster: inventory.Cluster{Name: "east", UnavailableSince: lost, Reason: "API server unreachable"},
+			cluster:    inventory.Cluster{Name: "east", UnavailableSince: lost, Reason: "API server unreachable"},
 			wantStatus: "False", wantSince: lost, wantSummary: "H100 3/8 free"},
 		{name: "no report yet", cluster: inventory.Cluster{Name: "east"}, wantStatus: "True", wantSince: now},
 	}
