@@ -20,11 +20,7 @@ func explainCommand(o *options) *cobra.Command {
 		Short: "Why each member cluster was chosen for a service or left out, from the hub's decision in force",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			hub, err := o.hub()
-			if err != nil {
-				return err
-			}
-			ns, err := o.namespace(false)
+			hub, ns, err := o.hub(false)
 			if err != nil {
 				return err
 			}

@@ -50,24 +50,21 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	return root
 }
 
-// hub is a client of the hub cluster the flags name.
-func (o *options) hub() (client.Client, error) {
+// hub is a client of the hub cluster the flags name, and the namespace -n
+// names; without -n, "" (all namespaces) when all is true, else the
+// kubeconfig context's namespace.
+func (o *options) hub(all bool) (client.Client, string, error) {
 	cfg, err := o.flags.ToRESTConfig()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return client.New(cfg, client.Options{Scheme: scheme})
-}
-
-// namespace is the namespace -n names, or "" (all) when -n is not given
-// and all is true.
-func (o *options) namespace(all bool) (string, error) {
-	ns, explicit, err := o.flags.ToRawKubeConfigLoader().Namespace()
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
+	ns, explicit, err := o.flags.ToRawKubeConfigLoader().Namespace()
 	if all && !explicit {
-		return "", nil
+		ns = ""
 	}
-	return ns, nil
+	return c, ns, err
 }

@@ -22,11 +22,7 @@ func statusCommand(o *options) *cobra.Command {
 		Short: "Member clusters (availability, free GPUs per product) and services (where their replicas run, how many are ready); all namespaces unless -n",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			hub, err := o.hub()
-			if err != nil {
-				return err
-			}
-			ns, err := o.namespace(true)
+			hub, ns, err := o.hub(true)
 			if err != nil {
 				return err
 			}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"sort"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/spf13/cobra"
@@ -26,6 +26,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/internal/httpget"
 )
 
 // The endpoint picker's metrics the traffic view reads (epp/metrics.go).
@@ -50,11 +51,7 @@ func trafficCommand(o *options) *cobra.Command {
 			"(read from each picker's metrics through its cluster's API server)",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			hub, err := o.hub()
-			if err != nil {
-				return err
-			}
-			ns, err := o.namespace(true)
+			hub, ns, err := o.hub(true)
 			if err != nil {
 				return err
 			}
@@ -111,21 +108,29 @@ func PickerCounts(text []byte) (Counts, error) {
 			if labels["locality"] == "local" {
 				served = ""
 			}
-			c.ServedIn[served] += m.GetCounter().GetValue()
-			c.Entered += m.GetCounter().GetValue()
+			c.ServedIn[served] += value(m)
+			c.Entered += value(m)
 		}
 	}
 	if f := families[parentMarksMetric]; f != nil {
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "result" && l.GetValue() == "accepted" {
-					c.ServedIn[""] -= m.GetCounter().GetValue()
-					c.Entered -= m.GetCounter().GetValue()
+					c.ServedIn[""] -= value(m)
+					c.Entered -= value(m)
 				}
 			}
 		}
 	}
 	return c, nil
+}
+
+// value is a counter's value, also when the endpoint left out its type.
+func value(m *dto.Metric) float64 {
+	if m.GetCounter() != nil {
+		return m.GetCounter().GetValue()
+	}
+	return m.GetUntyped().GetValue()
 }
 
 // Traffic prints, for every endpoint picker in every member cluster (in ns,
@@ -256,20 +261,7 @@ func metricsPort(p *corev1.Pod) int32 {
 // when the pod's address is a loopback address (see scrapePickers).
 func podMetrics(ctx context.Context, cs kubernetes.Interface, p *corev1.Pod, port int32) ([]byte, error) {
 	if ip, err := netip.ParseAddr(p.Status.PodIP); err == nil && ip.IsLoopback() {
-		url := "http://" + net.JoinHostPort(ip.String(), strconv.Itoa(int(port))) + "/metrics"
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return nil, fmt.Errorf("%s: %s", url, resp.Status)
-		}
-		return io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+		return httpget.Body(ctx, "http://"+net.JoinHostPort(ip.String(), strconv.Itoa(int(port)))+"/metrics", 16<<20)
 	}
 	return cs.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, strconv.Itoa(int(port)), "metrics", nil).DoRaw(ctx)
 }
