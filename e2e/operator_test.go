@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,27 +29,31 @@ func fleetKubeconfig(t *testing.T) string {
 	return path
 }
 
-// cell is the value in column header of the first row of a kubectl table
-// whose first cell is key; columns are found by their header's offset, so
-// empty cells are read as empty.
-func cell(t *testing.T, table, key, header string) string {
+// cell is the value in column header of the first row whose first cell is
+// key, in the first table of a command's output that has that column (its
+// header line is in capitals); columns are found by their header's offset,
+// so empty cells are read as empty.
+func cell(t *testing.T, output, key, header string) string {
 	t.Helper()
-	lines := strings.Split(strings.TrimRight(table, "\n"), "\n")
-	start := strings.Index(lines[0], header)
-	if start < 0 {
-		t.Fatalf("no column %q in:\n%s", header, table)
+	lines := strings.Split(strings.TrimRight(output, "\n"), "\n")
+	h := slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, header) && l == strings.ToUpper(l) })
+	if h < 0 {
+		t.Fatalf("no column %q in:\n%s", header, output)
 	}
-	end := len(lines[0])
-	if next := strings.IndexFunc(lines[0][start+len(header):], func(r rune) bool { return r != ' ' }); next >= 0 {
+	start, end := strings.Index(lines[h], header), -1 // the last column runs to the end of its row
+	if next := strings.IndexFunc(lines[h][start+len(header):], func(r rune) bool { return r != ' ' }); next >= 0 {
 		// The next column starts where the spaces after this header end.
 		end = start + len(header) + next
 	}
-	for _, l := range lines[1:] {
+	for _, l := range lines[h+1:] {
 		if f := strings.Fields(l); len(f) > 0 && f[0] == key {
+			if end < 0 {
+				end = len(l)
+			}
 			return strings.TrimSpace(l[min(start, len(l)):min(end, len(l))])
 		}
 	}
-	t.Fatalf("no row %q in:\n%s", key, table)
+	t.Fatalf("no row %q in:\n%s", key, output)
 	return ""
 }
 

@@ -51,7 +51,14 @@ func Explain(ctx context.Context, hub client.Client, key client.ObjectKey, out i
 	fmt.Fprintf(out, "Service %s/%s\n", key.Namespace, key.Name)
 	for _, t := range []v1alpha2.ConditionType{"Placed", "Distributed", v1alpha2.Ready} {
 		if c := svc.Status.GetCondition(t); c != nil {
-			fmt.Fprintf(out, "  %s=%s (%s): %s\n", t, c.Status, c.Reason, c.Message)
+			line := fmt.Sprintf("  %s=%s", t, c.Status)
+			if c.Reason != "" {
+				line += " (" + c.Reason + ")"
+			}
+			if c.Message != "" {
+				line += ": " + c.Message
+			}
+			fmt.Fprintln(out, line)
 		}
 	}
 	if mem == nil {
