@@ -9,6 +9,7 @@ BIN := $(ROOT)/bin
 DURATION ?= 40s
 SPOKES ?= 3
 TEST_TIMEOUT ?= 40m
+FLEET_DIR ?= .fleet
 
 # Tool versions come from the pinning modules under hack/tools; each tool is
 # built once per version into bin/<tool>-<version>/ and reused afterwards.
@@ -36,7 +37,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build test chaos unit e2e demo vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
+.PHONY: all tools build test chaos unit e2e demo fleet-up fleet-down vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
 
 all: build
 
@@ -105,6 +106,12 @@ bench-routing: tools build ## Routing: GIE local, SkyServe round-robin and least
 
 demo: tools build ## The local fleet demo: a KServe sample placed by the hub, skewed load without and with federation (DURATION=40s per phase, SPOKES=3); report in demo-report/.
 	$(BIN)/localfleet --load-duration $(DURATION) --spokes $(SPOKES) --report-dir demo-report
+
+fleet-up: tools build ## Start a local fleet (SPOKES=3) and keep it running until Ctrl-C or `make fleet-down`; kubeconfig in $(FLEET_DIR)/kubeconfig.
+	$(BIN)/localfleet up --spokes $(SPOKES) --dir $(FLEET_DIR)
+
+fleet-down: ## Stop the fleet `make fleet-up` runs.
+	$(BIN)/localfleet down --dir $(FLEET_DIR)
 
 vet: ## go vet and gofmt.
 	go vet ./...

@@ -451,8 +451,10 @@ func TestHubExportsPoolsAndImportsThemEverywhere(t *testing.T) {
 }
 
 // Losing a spoke's control plane moves its replicas to a healthy cluster
-// within the placement's toleration plus 10 s; when the spoke comes back its
-// stale copy goes (Rebalance: Never) and the fleet settles without churn.
+// within the placement's toleration plus 10 s, and its MemberCluster on the
+// hub says it is unavailable; when the spoke comes back its MemberCluster is
+// Available again, its stale copy goes (Rebalance: Never) and the fleet
+// settles without churn.
 func TestHubFailsOverALostSpokeAndSettlesWhenItReturns(t *testing.T) {
 	ns := namespace(t, fl.Hub)
 	const toleration = 5 * time.Second
@@ -486,6 +488,9 @@ func TestHubFailsOverALostSpokeAndSettlesWhenItReturns(t *testing.T) {
 		return nil
 	})
 	t.Logf("replicas re-placed %s after the control plane began to stop (toleration %s)", time.Since(lost).Round(100*time.Millisecond), toleration)
+	if c := memberAvailable(t, "central", metav1.ConditionFalse, 10*time.Second); c.Reason != fleetv1alpha1.ReasonClusterUnavailable {
+		t.Errorf("central's MemberCluster: %+v", c)
+	}
 	testutil.Eventually(t, 60*time.Second, "west serving", func(ctx context.Context) error {
 		cp := &v1alpha2.LLMInferenceService{}
 		if err := west.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "resilient"}, cp); err != nil {
@@ -504,6 +509,7 @@ func TestHubFailsOverALostSpokeAndSettlesWhenItReturns(t *testing.T) {
 	restarted = true
 	back := time.Now()
 	hubReady(t, ns, "resilient", "west=2", 90*time.Second)
+	memberAvailable(t, "central", metav1.ConditionTrue, 30*time.Second)
 	// Settling takes a few writes (the stale copy's deletion, status);
 	// churn would be writes that never stop. Require a quiet 15 s within a
 	// minute of the return.

@@ -41,7 +41,8 @@ func kubectl(t *testing.T, args ...string) string {
 }
 
 // runTool runs a command with the pinned kubectl first on PATH (scripts such
-// as register-spoke.sh call it) and returns its output.
+// as register-spoke.sh call it), then bin/ (kubectl finds the
+// kubectl-fleetinfer plugin there), and returns its output.
 func runTool(t *testing.T, name string, args ...string) string {
 	t.Helper()
 	bins, err := binaries.Locate()
@@ -53,7 +54,11 @@ func runTool(t *testing.T, name string, args ...string) string {
 		name = filepath.Join(dir, "kubectl")
 	}
 	cmd := exec.Command(name, args...)
-	cmd.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	root, err := binaries.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), "PATH="+strings.Join([]string{dir, filepath.Join(root, "bin"), os.Getenv("PATH")}, string(os.PathListSeparator)))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)

@@ -1,4 +1,5 @@
-// Package hub assembles the hub: the cluster inventory, the service
+// Package hub assembles the hub: the cluster inventory and its
+// MemberClusters, the service
 // placement and distribution controller, placement status, the orphan
 // collector, the InferencePool export controller and the endpoint-picker
 // federation (peer directories and certificates), on a
@@ -30,6 +31,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/federation"
 	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
+	"github.com/fleetinfer/fleetinfer/hub/members"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
 
@@ -127,6 +129,9 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	}
 	placementStatus := &placement.StatusReconciler{Hub: local.GetClient(), Clusters: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub")}
 	if err := placementStatus.SetupWithManager(ctx, mgr, inv, opts.Namespace); err != nil {
+		return err
+	}
+	if err := (&members.Reconciler{Hub: local.GetClient(), Clusters: inv, ClusterTimeout: opts.ClusterTimeout}).SetupWithManager(ctx, mgr, inv); err != nil {
 		return err
 	}
 	if err := (&export.Reconciler{Clusters: inv, HubID: id}).SetupWithManager(ctx, mgr, inv); err != nil {

@@ -169,7 +169,8 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	}
 	out := outcome{decision: next, requeue: requeue, readyTimeout: timeout,
 		stuck: describeStuck(stuck, previouslyStuck, current, next, copies, timeout, d.Message)}
-	out.memory = &v1alpha2.PlacementStatus{PlacementName: pl.Name, InputsHash: fp, UnplacedReplicas: next.unplaced, StuckClusters: stuck}
+	out.memory = &v1alpha2.PlacementStatus{PlacementName: pl.Name, InputsHash: fp, UnplacedReplicas: next.unplaced, StuckClusters: stuck,
+		NotEligible: d.NotEligible}
 	if prev != nil {
 		out.memory.CopyClocks = prev.CopyClocks
 	}

@@ -35,6 +35,7 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 	placement.Record(st, out.memory)
 	var entries []v1alpha2.ClusterStatus
 	var conflicts, unreachable, pending, notReady []string
+	var placedClusters, readyClusters int32
 	available := map[string]bool{}
 	for _, c := range clusters {
 		available[c.Name] = c.Available()
@@ -96,12 +97,18 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 		default:
 			e.Phase = PhasePlacing
 		}
-		if chosen && !(e.Phase == PhaseRunning) {
-			notReady = append(notReady, n)
+		if chosen {
+			placedClusters++
+			if e.Phase == PhaseRunning {
+				readyClusters++
+			} else {
+				notReady = append(notReady, n)
+			}
 		}
 		entries = append(entries, e)
 	}
 	st.Clusters = entries
+	st.PlacedClusters, st.ReadyClusters = ptr.To(placedClusters), ptr.To(readyClusters)
 
 	switch {
 	case len(d.want) == 0 && len(entries) == 0:

@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 )
 
 // Cluster is what a decision knows about one cluster.
@@ -80,6 +81,10 @@ type Decision struct {
 	// room: a change of this set is a reason to decide again, a change of
 	// room alone is not.
 	Eligible []string
+	// NotEligible are the clusters the filters left out, with why (the
+	// clusters a placement's clusters.names does not ask for are not
+	// mentioned).
+	NotEligible []v1alpha2.ExcludedCluster
 }
 
 // Replicas returns the share of cluster name.
@@ -111,9 +116,9 @@ func Decide(req Request, clusters []Cluster) (Decision, error) {
 	if len(cands) == 0 {
 		msg := "no eligible cluster"
 		if len(excluded) > 0 {
-			msg += ": " + strings.Join(excluded, "; ")
+			msg += ": " + describeExcluded(excluded)
 		}
-		return Decision{Unplaced: total(req), Message: msg}, nil
+		return Decision{Unplaced: total(req), Message: msg, NotEligible: excluded}, nil
 	}
 	var d Decision
 	switch req.Spec.Replicas.Strategy {
@@ -127,10 +132,20 @@ func Decide(req Request, clusters []Cluster) (Decision, error) {
 		d = duplicated(req, cands)
 	}
 	if len(excluded) > 0 {
-		d.Message += "; not eligible: " + strings.Join(excluded, "; ")
+		d.Message += "; not eligible: " + describeExcluded(excluded)
 	}
-	d.Eligible = names
+	d.Eligible, d.NotEligible = names, excluded
 	return d, nil
+}
+
+// describeExcluded lists the excluded clusters for a message:
+// "name (reason); ...".
+func describeExcluded(excluded []v1alpha2.ExcludedCluster) string {
+	parts := make([]string, len(excluded))
+	for i, e := range excluded {
+		parts[i] = e.Name + " (" + e.Reason + ")"
+	}
+	return strings.Join(parts, "; ")
 }
 
 func total(req Request) int32 {
@@ -141,7 +156,7 @@ func total(req Request) int32 {
 }
 
 // eligible filters clusters and says why the others were left out.
-func eligible(req Request, clusters []Cluster) ([]candidate, []string, error) {
+func eligible(req Request, clusters []Cluster) ([]candidate, []v1alpha2.ExcludedCluster, error) {
 	aff := req.Spec.Clusters
 	var sel labels.Selector
 	if aff.Selector != nil {
@@ -152,7 +167,7 @@ func eligible(req Request, clusters []Cluster) ([]candidate, []string, error) {
 		sel = s
 	}
 	var out []candidate
-	var excluded []string
+	var excluded []v1alpha2.ExcludedCluster
 	for _, c := range clusters {
 		why := ""
 		switch {
@@ -174,13 +189,13 @@ func eligible(req Request, clusters []Cluster) ([]candidate, []string, error) {
 			why = reason
 		}
 		if why != "" {
-			excluded = append(excluded, c.Name+" ("+why+")")
+			excluded = append(excluded, v1alpha2.ExcludedCluster{Name: c.Name, Reason: why})
 			continue
 		}
 		out = append(out, candidate{Cluster: c, room: room})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	sort.Strings(excluded)
+	sort.Slice(excluded, func(i, j int) bool { return excluded[i].Name < excluded[j].Name })
 	return out, excluded, nil
 }
 

@@ -96,7 +96,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	step("Starting the local fleet: 1 hub + %d GPU clusters (real kube-apiserver, etcd, controller-manager, scheduler each; fleetinfer's hub and spoke controllers; a gateway per cluster)", opts.Spokes)
 	f, err := fleet.Start(ctx, fleet.Options{Dir: opts.Dir, Spokes: Spokes(opts.Spokes), Network: opts.Network,
-		PodNetwork: opts.PodNetwork, Log: progressLog(out)})
+		PodNetwork: opts.PodNetwork, Log: ProgressLog(out)})
 	if err != nil {
 		if f != nil {
 			f.Stop()
@@ -269,8 +269,8 @@ func Spokes(n int) []fleet.SpokeSpec {
 	return out
 }
 
-// progressLog prints the fleet's progress messages as indented lines.
-func progressLog(out io.Writer) logr.Logger {
+// ProgressLog prints the fleet's progress messages as indented lines.
+func ProgressLog(out io.Writer) logr.Logger {
 	return funcr.New(func(_, args string) {
 		args = strings.TrimPrefix(args, `"level"=0 `)
 		fmt.Fprintf(out, "    %s\n", strings.NewReplacer(`"msg"=`, "", `"`, "").Replace(args))

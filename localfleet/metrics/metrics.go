@@ -4,29 +4,16 @@ package metrics
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/fleetinfer/fleetinfer/internal/httpget"
 )
 
 // Scrape reads a Prometheus text endpoint into series → value, the series
 // written as the endpoint writes it (name{label="value",...}).
 func Scrape(ctx context.Context, url string) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
+	b, err := httpget.Body(ctx, url, 32<<20)
 	if err != nil {
 		return nil, err
 	}

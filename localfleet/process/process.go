@@ -93,7 +93,7 @@ func Start(spec Spec, reg *Registry) (*Process, error) {
 		p.closeLog()
 		return nil, fmt.Errorf("start %s (%s): %w", spec.Name, spec.Path, err)
 	}
-	p.startTime = procStartTime(cmd.Process.Pid)
+	p.startTime = StartTime(cmd.Process.Pid)
 	if reg != nil {
 		reg.add(p)
 	}
@@ -192,16 +192,16 @@ func (r *Registry) StopAll(grace time.Duration) {
 func (r *Registry) Alive() []string {
 	var alive []string
 	for _, p := range r.Started() {
-		if st := procStartTime(p.PID()); st != "" && st == p.startTime {
+		if st := StartTime(p.PID()); st != "" && st == p.startTime {
 			alive = append(alive, fmt.Sprintf("%s (pid %d)", p.Name, p.PID()))
 		}
 	}
 	return alive
 }
 
-// procStartTime returns field 22 of /proc/<pid>/stat (start time in clock
+// StartTime returns field 22 of /proc/<pid>/stat (start time in clock
 // ticks since boot), or "" when the process does not exist.
-func procStartTime(pid int) string {
+func StartTime(pid int) string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return ""

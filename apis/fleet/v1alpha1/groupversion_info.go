@@ -23,5 +23,5 @@ var (
 )
 
 func init() {
-	SchemeBuilder.Register(&ClusterCapacity{}, &ClusterCapacityList{})
+	SchemeBuilder.Register(&ClusterCapacity{}, &ClusterCapacityList{}, &MemberCluster{}, &MemberClusterList{})
 }

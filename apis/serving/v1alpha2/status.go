@@ -48,6 +48,17 @@ type LLMInferenceServiceStatus struct {
 	// +listMapKey=name
 	Clusters []ClusterStatus `json:"clusters,omitempty"`
 
+	// PlacedClusters is set by the fleetinfer hub on the service it places:
+	// how many clusters the decision in force gives replicas (a kubectl
+	// column). A fleetinfer extension.
+	// +optional
+	PlacedClusters *int32 `json:"placedClusters,omitempty"`
+	// ReadyClusters is set by the fleetinfer hub: how many of the placed
+	// clusters run their share ready (a kubectl column). A fleetinfer
+	// extension.
+	// +optional
+	ReadyClusters *int32 `json:"readyClusters,omitempty"`
+
 	// Placement is set by the fleetinfer hub on the service it places: the
 	// decision in force, which the hub keeps until its inputs change. A
 	// fleetinfer extension.
@@ -101,6 +112,20 @@ type PlacementStatus struct {
 	// +listType=map
 	// +listMapKey=cluster
 	CopyClocks []CopyClock `json:"copyClocks,omitempty"`
+	// NotEligible are the clusters the decision left out, each with why.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	NotEligible []ExcludedCluster `json:"notEligible,omitempty"`
+}
+
+// ExcludedCluster is a cluster a placement decision did not consider.
+type ExcludedCluster struct {
+	// Name of the cluster.
+	Name string `json:"name"`
+	// Reason it was left out, e.g. "labels do not match", "has no
+	// NVIDIA-H100-80GB-HBM3 (nvidia.com/gpu)".
+	Reason string `json:"reason"`
 }
 
 // StuckCluster is a cluster whose copy of the service was not Ready within

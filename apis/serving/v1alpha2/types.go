@@ -22,6 +22,8 @@ import (
 // +kubebuilder:printcolumn:name="URL",type="string",JSONPath=".status.url"
 // +kubebuilder:printcolumn:name="Ready",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status"
 // +kubebuilder:printcolumn:name="Reason",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].reason"
+// +kubebuilder:printcolumn:name="Clusters",type="integer",JSONPath=".status.placedClusters",description="Clusters the fleetinfer hub placed the service on"
+// +kubebuilder:printcolumn:name="Ready Clusters",type="integer",JSONPath=".status.readyClusters",description="Placed clusters whose copy runs its share ready"
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 // +kubebuilder:printcolumn:name="URLs",type="string",JSONPath=".status.addresses[*].url",priority=1
 // +kubebuilder:storageversion

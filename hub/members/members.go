@@ -1,0 +1,134 @@
+// Package members keeps one MemberCluster on the hub per engaged cluster:
+// its availability as the inventory judges it and the accelerators its
+// ClusterCapacity reports, so that `kubectl get memberclusters` shows the
+// fleet's health without the hub's logs or metrics.
+package members
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
+	"github.com/fleetinfer/fleetinfer/hub/placement"
+)
+
+// +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=memberclusters,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=memberclusters/status,verbs=get;update;patch
+
+// Reconciler writes the MemberCluster named after each cluster.
+type Reconciler struct {
+	Hub      client.Client
+	Clusters interface {
+		Cluster(ctx context.Context, name string) (inventory.Cluster, bool)
+	}
+	// ClusterTimeout bounds the read of a cluster's capacity report.
+	ClusterTimeout time.Duration
+}
+
+// Reconcile makes the MemberCluster of cluster req.Name match the
+// inventory: created and kept current while the cluster is engaged,
+// deleted once it is not (if the hub created it).
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+	name := req.Name
+	c, engaged := r.Clusters.Cluster(ctx, name)
+	cur := &fleetv1alpha1.MemberCluster{}
+	err := r.Hub.Get(ctx, client.ObjectKey{Name: name}, cur)
+	switch {
+	case err != nil && !apierrors.IsNotFound(err):
+		return reconcile.Result{}, err
+	case !engaged && err == nil && fleetv1alpha1.IsManagedByHub(cur):
+		return reconcile.Result{}, client.IgnoreNotFound(r.Hub.Delete(ctx, cur))
+	case !engaged:
+		return reconcile.Result{}, nil
+	case apierrors.IsNotFound(err):
+		cur = &fleetv1alpha1.MemberCluster{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels: map[string]string{fleetv1alpha1.ManagedByLabel: fleetv1alpha1.ManagedByHub}}}
+		if err := r.Hub.Create(ctx, cur); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	capCtx, cancel := context.WithTimeout(ctx, r.ClusterTimeout)
+	capacity := placement.CapacityOf(capCtx, c.Client)
+	cancel()
+	want := Status(cur.Status, c, capacity, time.Now())
+	if equality.Semantic.DeepEqual(cur.Status, want) {
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{}, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		latest := &fleetv1alpha1.MemberCluster{}
+		if err := r.Hub.Get(ctx, client.ObjectKey{Name: name}, latest); err != nil {
+			return err
+		}
+		latest.Status = want
+		return r.Hub.Status().Update(ctx, latest)
+	})
+}
+
+// Status is the status a cluster's MemberCluster should have, from the
+// status it has: the Available condition from the inventory (its
+// transition time the loss when the cluster is unavailable), and the
+// capacity report, or the last one seen when the report cannot be read.
+func Status(cur fleetv1alpha1.MemberClusterStatus, c inventory.Cluster, capacity *fleetv1alpha1.ClusterCapacityStatus, now time.Time) fleetv1alpha1.MemberClusterStatus {
+	st := *cur.DeepCopy()
+	cond := metav1.Condition{Type: fleetv1alpha1.MemberClusterAvailable, Status: metav1.ConditionTrue,
+		Reason: fleetv1alpha1.ReasonClusterAvailable, Message: "the hub reaches the cluster's API server and can place services there"}
+	if !c.Available() {
+		cond.Status, cond.Reason = metav1.ConditionFalse, fleetv1alpha1.ReasonClusterUnavailable
+		cond.Message = fmt.Sprintf("unavailable since %s: %s", c.UnavailableSince.UTC().Format(time.RFC3339), c.Reason)
+	}
+	if prev := meta.FindStatusCondition(st.Conditions, cond.Type); prev == nil || prev.Status != cond.Status {
+		cond.LastTransitionTime = metav1.NewTime(now.Truncate(time.Second))
+		if !c.Available() {
+			cond.LastTransitionTime = metav1.NewTime(c.UnavailableSince.Truncate(time.Second))
+		}
+	}
+	meta.SetStatusCondition(&st.Conditions, cond)
+	if capacity != nil {
+		st.Accelerators, st.Nodes, st.Summary = capacity.Accelerators, capacity.Nodes, capacity.Summary
+	}
+	return st
+}
+
+// SetupWithManager registers the reconciler: MemberClusters on the hub,
+// capacity reports in the spokes (each mapped to its cluster's
+// MemberCluster), and the inventory's changes (a cluster joining, leaving,
+// failing or recovering) for every cluster engaged or with a MemberCluster.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
+	if r.ClusterTimeout <= 0 {
+		r.ClusterTimeout = 5 * time.Second
+	}
+	toMember := func(name multicluster.ClusterName, _ cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, client.Object) []mcreconcile.Request {
+			return []mcreconcile.Request{watch.Request("", string(name))}
+		})
+	}
+	return mcbuilder.ControllerManagedBy(mgr).
+		Named("hub-membercluster").
+		For(&fleetv1alpha1.MemberCluster{}, watch.ForHub...).
+		Watches(&fleetv1alpha1.ClusterCapacity{}, toMember, watch.OnSpokes...).
+		WatchesRawSource(watch.ClusterChanges(ctx, inv, 0, func(ctx context.Context) []client.ObjectKey {
+			keys := watch.Keys(ctx, r.Hub, &fleetv1alpha1.MemberClusterList{}, "")
+			for _, c := range inv.Clusters(ctx) {
+				keys = append(keys, client.ObjectKey{Name: c.Name})
+			}
+			return keys
+		})).
+		Complete(r)
+}
