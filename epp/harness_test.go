@@ -132,7 +132,7 @@ func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoin
 	parser := handlers.NewParser(cfg.ParserConfig)
 	gie := requestcontrol.NewDirectorWithConfig(ds, scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig),
 		requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, cands), parser, cands, rc)
-	h.server = newExtProcServer(ds, gie, parser, testMarker(t))
+	h.server = newExtProcServer(ds, gie, parser, testMarker(t), NewRequestLimits())
 	return h
 }
 
