@@ -312,7 +312,7 @@ func hubWritesOnlyItsOwn(t *testing.T, spoke *fleet.Cluster, ns string) {
 	t.Helper()
 	ctx := context.Background()
 	cfg := rest.CopyConfig(spoke.Admin())
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + fleet.Namespace + ":fleetinfer-hub"}
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + fleetv1alpha1.HubServiceAccountNamespace + ":fleetinfer-hub"}
 	asHub, err := client.New(cfg, client.Options{Scheme: fleet.Scheme})
 	if err != nil {
 		t.Fatal(err)

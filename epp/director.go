@@ -12,6 +12,7 @@ import (
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/crossing"
@@ -96,18 +97,23 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	return rc, nil
 }
 
-// extProcServer wraps GIE's StreamingServer: each stream gets its pick, the
-// request's marks are verified when its headers arrive, and the
-// request-headers response carries a Parent-mode pick's marks.
+// extProcServer wraps GIE's StreamingServer: each stream's request body is
+// bounded (requestlimits.go), each stream gets its pick, the request's marks
+// are verified when its headers arrive, and the request-headers response
+// carries a Parent-mode pick's marks and a destination no client header can
+// add to.
 type extProcServer struct {
 	extProcPb.UnimplementedExternalProcessorServer
 	inner     extProcPb.ExternalProcessorServer
 	marker    *marker
 	crossings *crossing.Gate
+	limits    *RequestLimits
 }
 
 func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer) error {
-	ms := &markingStream{ExternalProcessor_ProcessServer: stream, ctx: withPick(stream.Context()), marker: s.marker, crossings: s.crossings}
+	limited := &limitedStream{ExternalProcessor_ProcessServer: stream, limits: s.limits}
+	defer limited.done()
+	ms := &markingStream{ExternalProcessor_ProcessServer: limited, ctx: withPick(stream.Context()), marker: s.marker, crossings: s.crossings}
 	err := s.inner.Process(ms)
 	// A crossed request whose stream ends before its response headers came
 	// back got no response: a failure of the crossing (or a client that
@@ -145,9 +151,23 @@ func (s *markingStream) Recv() (*extProcPb.ProcessingRequest, error) {
 
 func (s *markingStream) Send(resp *extProcPb.ProcessingResponse) error {
 	if h := resp.GetRequestHeaders().GetResponse().GetHeaderMutation(); h != nil {
+		replaceDestination(h)
 		if p := pickOf(s.ctx); p != nil {
 			markMutation(h, p)
 		}
 	}
 	return s.ExternalProcessor_ProcessServer.Send(resp)
+}
+
+// replaceDestination makes the picker's destination header replace any the
+// request carries. GIE sets it with the default append action, under which
+// a client's own x-gateway-destination-endpoint would stay in front of the
+// picker's value for a gateway that does not strip it (deploy/envoy does).
+// The subset hint is metadata the gateway sets, never a header GIE reads.
+func replaceDestination(h *extProcPb.HeaderMutation) {
+	for _, o := range h.GetSetHeaders() {
+		if strings.EqualFold(o.GetHeader().GetKey(), metadata.DestinationEndpointKey) {
+			o.AppendAction = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		}
+	}
 }

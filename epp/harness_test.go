@@ -141,7 +141,7 @@ func newGatedHarness(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoint
 	parser := handlers.NewParser(cfg.ParserConfig)
 	gie := requestcontrol.NewDirectorWithConfig(ds, scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig),
 		requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, cands), parser, cands, rc)
-	h.server = newExtProcServer(ds, gie, parser, testMarker(t), h.crossings)
+	h.server = newExtProcServer(ds, gie, parser, testMarker(t), h.crossings, NewRequestLimits())
 	return h
 }
 

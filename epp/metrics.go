@@ -31,10 +31,19 @@ var (
 	// parentMarksAbsent is parentMarks' absent series, counted on most
 	// requests.
 	parentMarksAbsent = parentMarks.WithLabelValues("absent")
+	// requestBodiesRefused and bufferedBodyBytes are counted by limitedStream.
+	requestBodiesRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_request_bodies_refused_total",
+		Help: "Requests answered before their body ended, by reason: too_large (413, over --max-request-body-bytes) or buffer_full (503, over --max-buffered-request-body-bytes).",
+	}, []string{"reason"})
+	bufferedBodyBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetinfer_epp_buffered_request_body_bytes",
+		Help: "Request-body bytes held by the requests in flight.",
+	})
 )
 
 // metricCollectors returns every fleetinfer EPP metric: the federation's and the
 // request path's.
 func metricCollectors() []prometheus.Collector {
-	return append(append(federation.Collectors(), crossing.Collectors()...), picks, subsetHints, parentMarks)
+	return append(append(federation.Collectors(), crossing.Collectors()...), picks, subsetHints, parentMarks, requestBodiesRefused, bufferedBodyBytes)
 }

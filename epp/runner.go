@@ -56,6 +56,7 @@ import (
 
 	extProcPb "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -89,13 +90,15 @@ type Runner struct {
 	// crossings bounds each remote cluster's share of picks and breaks
 	// crossings to failing ones; built with marker, nil without federation.
 	crossings *crossing.Gate
+	// limits bound the ext-proc server and the request bodies it holds.
+	limits *RequestLimits
 }
 
 // NewRunner returns a runner whose flags are GIE's, fleetinfer's federation
 // flags and --kubeconfig, all on the global pflag command line (GIE's
 // runner parses that one too).
 func NewRunner() *Runner {
-	r := &Runner{fed: NewFederationOptions(), spill: &spillPolicy{}}
+	r := &Runner{fed: NewFederationOptions(), spill: &spillPolicy{}, limits: NewRequestLimits()}
 	r.gie = gierunner.New(gierunner.Delta{
 		ExecutableName:        "fleetinfer-epp",
 		DefaultConfig:         defaultConfig,
@@ -106,8 +109,9 @@ func NewRunner() *Runner {
 		Collectors:            metricCollectors(),
 		Candidates:            r.candidates,
 		ExtProcServer: func(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
-			return newExtProcServer(ds, gie, parser, r.marker, r.crossings)
+			return newExtProcServer(ds, gie, parser, r.marker, r.crossings, r.limits)
 		},
+		ExtProcServerOptions: func() []grpc.ServerOption { return r.limits.ServerOptions() },
 	})
 	return r
 }
@@ -120,11 +124,16 @@ func (r *Runner) addFlags(fs *pflag.FlagSet) {
 		fs.Var(kubeconfigFlag{}, "kubeconfig", "Path to a kubeconfig. Defaults to $KUBECONFIG, then the in-cluster configuration.")
 	}
 	r.fed.AddFlags(fs)
+	r.limits.AddFlags(fs)
 }
 
 func (r *Runner) validateFlags() error {
 	if err := r.fed.Validate(); err != nil {
 		setupLog.Error(err, "Failed to validate federation flags")
+		return err
+	}
+	if err := r.limits.Validate(); err != nil {
+		setupLog.Error(err, "Failed to validate request limits")
 		return err
 	}
 	return nil
@@ -166,9 +175,9 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 // newExtProcServer is the ext-proc service around GIE's Director: GIE's
 // StreamingServer over the director wrapper, inside the stream wrapper
 // (director.go), both with the marker and the crossing gate (nil without
-// federation).
-func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker, g *crossing.Gate) extProcPb.ExternalProcessorServer {
-	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m, crossings: g}, parser), marker: m, crossings: g}
+// federation), and the stream's request body bounded by limits.
+func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker, g *crossing.Gate, limits *RequestLimits) extProcPb.ExternalProcessorServer {
+	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m, crossings: g}, parser), marker: m, crossings: g, limits: limits}
 }
 
 // poolFailOpen reads endpointPickerRef.failureMode from the InferencePool,

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
+// +kubebuilder:rbac:groups="",resources=namespaces,resourceNames=kube-system,verbs=get
 
 // HubIdentity is the ID this hub marks its spoke objects with: the one given
 // (--hub-id), or else the UID of the hub cluster's kube-system namespace,

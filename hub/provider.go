@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
 
 	"github.com/fleetinfer/fleetinfer/hub/clusterprofile"
+	"github.com/fleetinfer/fleetinfer/hub/internal/credentials"
 )
 
 // The cluster providers the hub can find its spokes with.
@@ -36,6 +37,10 @@ type ProviderOptions struct {
 	AccessFile string
 	// RESTOptions adjust each spoke's rest.Config.
 	RESTOptions []func(*rest.Config) error
+	// Kubeconfigs says what a kubeconfig from a Secret may do on the hub's
+	// host (exec plugins, files); a cluster whose kubeconfig does more is
+	// not engaged.
+	Kubeconfigs credentials.Policy
 }
 
 // Provider is a cluster provider that runs as a controller on the hub.
@@ -49,9 +54,13 @@ type Provider interface {
 func NewProvider(o ProviderOptions) (Provider, error) {
 	switch o.Kind {
 	case ProviderKubeconfig:
-		return kubeconfig.New(kubeconfig.Options{Namespace: o.Namespace, RESTOptions: o.RESTOptions, ClusterOptions: ClusterOptions()}), nil
+		// The check runs on the config the provider built from the Secret,
+		// before anything else and before any request.
+		ro := append([]func(*rest.Config) error{o.Kubeconfigs.Check}, o.RESTOptions...)
+		return kubeconfig.New(kubeconfig.Options{Namespace: o.Namespace, RESTOptions: ro, ClusterOptions: ClusterOptions()}), nil
 	case ProviderClusterProfile:
-		opts := clusterprofile.Options{Namespace: o.Namespace, Consumer: o.Consumer, RESTOptions: o.RESTOptions, ClusterOptions: ClusterOptions()}
+		opts := clusterprofile.Options{Namespace: o.Namespace, Consumer: o.Consumer, RESTOptions: o.RESTOptions, ClusterOptions: ClusterOptions(),
+			CheckKubeconfig: o.Kubeconfigs.Check}
 		if o.AccessFile != "" {
 			cfg, err := access.NewFromFile(o.AccessFile)
 			if err != nil {

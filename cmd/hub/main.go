@@ -37,6 +37,7 @@ func main() {
 	flag.StringVar(&po.Kind, "cluster-provider", hub.ProviderKubeconfig, "How the hub finds its spokes in --cluster-namespace: kubeconfig (Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true) or clusterprofile (Cluster Inventory API ClusterProfiles).")
 	flag.StringVar(&po.Consumer, "clusterprofile-consumer", "fleetinfer-hub", "With --cluster-provider=clusterprofile: the consumer name of the kubeconfig Secrets (label x-k8s.io/cluster-inventory-consumer) the hub reads for profiles it has no access provider for.")
 	flag.StringVar(&po.AccessFile, "clusterprofile-provider-file", "", "With --cluster-provider=clusterprofile: the Cluster Inventory API access provider file (JSON, exec plugins per provider name) used for profiles' status.accessProviders; empty reads only Secrets.")
+	po.Kubeconfigs.AddFlags(flag.CommandLine)
 	flag.Parse()
 	log := mf.Logger()
 	ctrl.SetLogger(log)

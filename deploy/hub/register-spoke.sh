@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Registers a spoke cluster with the hub the way multicluster-runtime's
 # kubeconfig provider reads it: grants the hub its rights in the spoke
-# (spoke-access/), issues a token for that ServiceAccount, and stores a
+# (spoke-access/), issues a token for its ServiceAccount
+# fleetinfer-hub/fleetinfer-hub there, and stores a
 # kubeconfig with it on the hub as Secret fleetinfer-system/<name>, key
 # kubeconfig, labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true.
 #
@@ -21,7 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 ns=fleetinfer-system
 
 kubectl --kubeconfig "$spoke" apply --server-side -k "$here/spoke-access" >/dev/null
-token=$(kubectl --kubeconfig "$spoke" -n "$ns" create token fleetinfer-hub --duration "${TOKEN_DURATION:-8760h}")
+token=$(kubectl --kubeconfig "$spoke" -n fleetinfer-hub create token fleetinfer-hub --duration "${TOKEN_DURATION:-8760h}")
 view() { kubectl --kubeconfig "$spoke" config view --minify --flatten -o jsonpath="$1"; }
 server=${SERVER:-$(view '{.clusters[0].cluster.server}')}
 ca=$(view '{.clusters[0].cluster.certificate-authority-data}')

@@ -67,7 +67,7 @@ const (
 )
 
 // +kubebuilder:rbac:groups=multicluster.x-k8s.io,resources=clusterprofiles,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=fleetinfer-system,resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Options configure the provider.
@@ -81,6 +81,10 @@ type Options struct {
 	// use (the JSON of --clusterprofile-provider-file); nil leaves only the
 	// Secret strategy.
 	Access *access.Config
+	// CheckKubeconfig, when set, refuses a kubeconfig Secret's config (the
+	// hub's policy on exec plugins and files); the access providers' exec
+	// plugins are the operator's own configuration and are not checked.
+	CheckKubeconfig func(*rest.Config) error
 	// RESTOptions adjust every cluster's rest.Config (for example its
 	// client rate limits) before it is engaged.
 	RESTOptions []func(*rest.Config) error
@@ -291,6 +295,11 @@ func (p *Provider) credentials(ctx context.Context, cp *clusterinventoryv1alpha1
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
 	if err != nil {
 		return nil, "", refusal(ReasonInvalidCredentials, "Secret %s/%s: kubeconfig under key %s: %v", sec.Namespace, sec.Name, SecretKey, err)
+	}
+	if p.opts.CheckKubeconfig != nil {
+		if err := p.opts.CheckKubeconfig(cfg); err != nil {
+			return nil, "", refusal(ReasonInvalidCredentials, "Secret %s/%s: %v", sec.Namespace, sec.Name, err)
+		}
 	}
 	return cfg, hashOf("secret", kc), nil
 }

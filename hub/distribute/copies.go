@@ -236,7 +236,7 @@ func (r *Reconciler) ensureNamespace(ctx context.Context, c inventory.Cluster, n
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
-	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: fleetv1alpha1.OwnedByHubLabels(r.opts.HubID)}}
+	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: fleetv1alpha1.HubNamespaceLabels(r.opts.HubID)}}
 	return client.IgnoreAlreadyExists(c.Client.Create(ctx, ns))
 }
 

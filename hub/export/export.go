@@ -157,7 +157,7 @@ func (r *Reconciler) ensureImport(ctx context.Context, c client.Client, key clie
 	err := c.Get(ctx, key, imp)
 	switch {
 	case apierrors.IsNotFound(err):
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: fleetv1alpha1.OwnedByHubLabels(r.HubID)}}
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: fleetv1alpha1.HubNamespaceLabels(r.HubID)}}
 		if err := client.IgnoreAlreadyExists(c.Create(ctx, ns)); err != nil {
 			return err
 		}

@@ -227,9 +227,9 @@ func TestTheNamespaceIsCreatedWhereItIsMissing(t *testing.T) {
 		spokes []*spoke
 		want   map[string]map[string]string // each cluster's namespace labels afterwards
 	}{{
-		name:   "a member without the namespace gets it, labelled as the hub's",
+		name:   "a member without the namespace gets it, labelled as the hub's, with its Pod Security level",
 		spokes: []*spoke{member("a", exportedPool(), namespace(theirs)), member("b")},
-		want:   map[string]map[string]string{"a": theirs, "b": fleetv1alpha1.OwnedByHubLabels(testHubID)},
+		want:   map[string]map[string]string{"a": theirs, "b": fleetv1alpha1.HubNamespaceLabels(testHubID)},
 	}, {
 		name:   "a namespace that exists stays as it is, unlabelled",
 		spokes: []*spoke{member("a", exportedPool(), namespace(theirs)), member("b", namespace(nil))},

@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -21,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/deploy/charts"
+	deployhub "github.com/fleetinfer/fleetinfer/deploy/hub"
 	"github.com/fleetinfer/fleetinfer/hub/clusterprofile"
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
@@ -34,8 +35,9 @@ const (
 	KubeconfigSecretLabel = "sigs.k8s.io/multicluster-runtime-kubeconfig"
 	// KubeconfigSecretKey holds the kubeconfig in that Secret.
 	KubeconfigSecretKey = "kubeconfig"
-	// HubUser is the identity the hub uses on every spoke, and the hub's
-	// consumer name in the ClusterProfile Secrets.
+	// HubUser is the user name of the hub's certificate on every spoke (in
+	// group fleetv1alpha1.HubGroup), and the hub's consumer name in the
+	// ClusterProfile Secrets.
 	HubUser = "fleetinfer-hub"
 	// ClusterManager names the fleet as the manager of its ClusterProfiles.
 	ClusterManager = "fleetinfer-local"
@@ -87,18 +89,21 @@ func (f *Fleet) registerSpokes(ctx, agentCtx context.Context) error {
 	return nil
 }
 
-// grantHubAccess issues the hub's client certificate for the spoke, binds it
-// to cluster-admin there, and stores its kubeconfig on the hub.
+// grantHubAccess gives the hub in the spoke what deploy/hub/spoke-access
+// gives a production hub, no more: it applies those manifests, issues the
+// hub's client certificate in the hub group they bind (so the admission
+// policy applies to it), and stores its kubeconfig on the hub.
 func (f *Fleet) grantHubAccess(ctx context.Context, s *Cluster) error {
-	crb := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: HubUser},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "cluster-admin"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: HubUser}},
-	}
-	if err := client.IgnoreAlreadyExists(s.Client.Create(ctx, crb)); err != nil {
+	objs, err := charts.ParseManifests(deployhub.SpokeAccess)
+	if err != nil {
 		return err
 	}
-	cfg, err := s.UserConfig(HubUser)
+	for _, o := range objs {
+		if err := s.Client.Patch(ctx, o, client.Apply, client.FieldOwner("fleetinfer-localfleet"), client.ForceOwnership); err != nil {
+			return fmt.Errorf("spoke %s: apply %s %s: %w", s.Name(), o.GetKind(), o.GetName(), err)
+		}
+	}
+	cfg, err := s.UserConfig(HubUser, fleetv1alpha1.HubGroup)
 	if err != nil {
 		return err
 	}

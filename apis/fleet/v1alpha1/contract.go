@@ -169,6 +169,33 @@ func OwnedByHubLabels(hubID string) map[string]string {
 	return map[string]string{ManagedByLabel: ManagedByHub, HubIDLabel: hubID}
 }
 
+// PodSecurityEnforceLabel and HubNamespacePodSecurity: the Pod Security
+// Standard the hub enforces on the namespaces it creates in spokes. Baseline
+// forbids privileged pods, host namespaces, host paths and added
+// capabilities, none of which the presets' model servers or pickers use;
+// restricted would also require every pod to run as non-root with a
+// seccomp profile, which model-server images often do not.
+const (
+	PodSecurityEnforceLabel = "pod-security.kubernetes.io/enforce"
+	HubNamespacePodSecurity = "baseline"
+)
+
+// HubNamespaceLabels are the labels of a namespace the hub with this ID
+// creates in a spoke: its ownership and its Pod Security level.
+func HubNamespaceLabels(hubID string) map[string]string {
+	l := OwnedByHubLabels(hubID)
+	l[PodSecurityEnforceLabel] = HubNamespacePodSecurity
+	return l
+}
+
+// HubGroup is the group of the hub's identity in a spoke, with the
+// ServiceAccounts of HubServiceAccountNamespace there: the spoke-access
+// RBAC and admission policy (deploy/hub/spoke-access) match both.
+const (
+	HubGroup                   = "fleetinfer.io:hubs"
+	HubServiceAccountNamespace = "fleetinfer-hub"
+)
+
 // PeerDirectoryName is the ConfigMap, next to a service's copy, that holds
 // the peer directory of the service's endpoint picker.
 func PeerDirectoryName(service string) string { return service + "-epp-peers" }

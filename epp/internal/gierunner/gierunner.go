@@ -32,6 +32,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
@@ -70,6 +71,9 @@ type Delta struct {
 	// ExtProcServer builds the ext-proc service around GIE's Director in
 	// place of GIE's StreamingServer.
 	ExtProcServer func(ds handlers.Datastore, director handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer
+	// ExtProcServerOptions returns options for the ext-proc gRPC server,
+	// read once the command line is parsed.
+	ExtProcServerOptions func() []grpc.ServerOption
 }
 
 // Pool is what Delta.Candidates gets: the pool's datastore and manager.

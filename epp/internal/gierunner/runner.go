@@ -17,6 +17,7 @@ import (
 	extProcPb "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -301,12 +302,17 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	}
 	// registerExtProcServer, with ExtProcServerRunner.AsRunnable's body in
 	// servers.go.
-	// fleetinfer: the delta's ext-proc service around GIE's Director.
+	// fleetinfer: the delta's ext-proc service around GIE's Director, and
+	// its gRPC server options.
 	var svc extProcPb.ExternalProcessorServer = handlers.NewStreamingServer(ds, director, parser)
 	if r.delta.ExtProcServer != nil {
 		svc = r.delta.ExtProcServer(ds, director, parser)
 	}
-	return mgr, mgr.Add(extProcRunnable(serverRunner, svc))
+	var grpcOpts []grpc.ServerOption
+	if r.delta.ExtProcServerOptions != nil {
+		grpcOpts = r.delta.ExtProcServerOptions()
+	}
+	return mgr, mgr.Add(extProcRunnable(serverRunner, svc, grpcOpts))
 }
 
 // poolGKNN is extractGKNN: the pool, or in standalone mode the EPP's own

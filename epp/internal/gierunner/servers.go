@@ -77,16 +77,15 @@ func GRPCServer(name string, srv *grpc.Server, port int) manager.Runnable {
 // extProcRunnable is ExtProcServerRunner.AsRunnable
 // (pkg/epp/server/runserver.go).
 //
-// fleetinfer: it serves svc; GIE's builds a StreamingServer around r's
-// concrete Director.
-func extProcRunnable(r *runserver.ExtProcServerRunner, svc extProcPb.ExternalProcessorServer) manager.Runnable {
+// fleetinfer: it serves svc, with the server options opts; GIE's builds a
+// StreamingServer around r's concrete Director, on a server without limits.
+func extProcRunnable(r *runserver.ExtProcServerRunner, svc extProcPb.ExternalProcessorServer, opts []grpc.ServerOption) manager.Runnable {
 	return NoLeaderElection(manager.RunnableFunc(func(ctx context.Context) error {
 		if r.UseExperimentalDatalayerV2 {
 			datalayerlogger.StartMetricsLogger(ctx, r.Datastore, r.RefreshPrometheusMetricsInterval, r.MetricsStalenessThreshold)
 		} else {
 			backendmetrics.StartMetricsLogger(ctx, r.Datastore, r.RefreshPrometheusMetricsInterval, r.MetricsStalenessThreshold)
 		}
-		var opts []grpc.ServerOption
 		if r.SecureServing {
 			creds, err := servingCredentials(ctx, r.CertPath, r.EnableCertReload)
 			if err != nil {

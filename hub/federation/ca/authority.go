@@ -35,7 +35,7 @@ const (
 	renewBefore  = leafValidity / 3
 )
 
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=create;update
+// +kubebuilder:rbac:groups="",namespace=fleetinfer-system,resources=secrets,verbs=create;update
 
 // Authority is the hub's federation CA: it signs each endpoint picker's
 // certificate. Its key pair lives in a kubernetes.io/tls Secret on the hub;

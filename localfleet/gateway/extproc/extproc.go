@@ -287,7 +287,11 @@ type Exchange struct {
 	pick     Pick
 	finished bool // an immediate response or the end of the response phase
 	ended    bool // the stream's end (EOF or an error) was received
-	closed   sync.Once
+	// sendClosed: the processor ended the stream while the request was
+	// still being sent (an ImmediateResponse, such as a 413 for a body over
+	// its limit); like Envoy, the exchange stops sending and reads why.
+	sendClosed bool
+	closed     sync.Once
 }
 
 type received struct {
@@ -371,6 +375,7 @@ func (e *Exchange) answer(timeout time.Duration, stop <-chan struct{}) (*extproc
 func (e *Exchange) send(m *extprocv3.ProcessingRequest) error {
 	if err := e.stream.Send(m); err != nil {
 		if errors.Is(err, io.EOF) {
+			e.sendClosed = true
 			return nil
 		}
 		return fmt.Errorf("ext-proc: send: %w", err)
@@ -477,7 +482,7 @@ func (e *Exchange) sendBody(body io.Reader, endStream bool) error {
 		n, err := io.ReadFull(body, buf)
 		if n > 0 {
 			if pending != nil {
-				if err := e.sendChunk(pending, false); err != nil {
+				if err := e.sendChunk(pending, false); err != nil || e.sendClosed {
 					return err
 				}
 			}
