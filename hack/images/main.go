@@ -11,7 +11,10 @@ import (
 	"os/signal"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/fleetinfer/fleetinfer/internal/ociimage"
 )
@@ -21,16 +24,22 @@ func main() {
 	version := flag.String("version", "", "image tag and org.opencontainers.image.version")
 	push := flag.String("push", "", "also push every image to this registry prefix (e.g. registry.example.com/fleetinfer), keeping its name and tag")
 	insecure := flag.Bool("insecure", false, "push over plain HTTP")
+	platforms := flag.String("platforms", "linux/amd64,linux/arm64", "comma-separated os/arch list to build for")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *out, *version, *push, *insecure); err != nil {
+	var ps []v1.Platform
+	for _, p := range strings.Split(*platforms, ",") {
+		os, arch, _ := strings.Cut(p, "/")
+		ps = append(ps, v1.Platform{OS: os, Architecture: arch})
+	}
+	if err := run(ctx, *out, *version, ps, *push, *insecure); err != nil {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out, version, push string, insecure bool) error {
+func run(ctx context.Context, out, version string, platforms []v1.Platform, push string, insecure bool) error {
 	created := time.Unix(0, 0).UTC()
 	if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
@@ -40,7 +49,7 @@ func run(ctx context.Context, out, version, push string, insecure bool) error {
 		created = time.Unix(n, 0).UTC()
 	}
 	began := time.Now()
-	res, err := ociimage.Build(ctx, ociimage.Options{Root: ".", Out: out, Version: version, Created: created})
+	res, err := ociimage.Build(ctx, ociimage.Options{Root: ".", Out: out, Version: version, Created: created, Platforms: platforms})
 	if err != nil {
 		return err
 	}
