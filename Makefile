@@ -33,11 +33,14 @@ PROTOGEN := $(PROTOGEN_DIR)/protogen
 LWS_DIR := $(BIN)/lws-$(LWS_VERSION)
 LWS_FILES := $(addprefix $(LWS_DIR)/,lws webhook.yaml role.yaml)
 FUZZTIME ?= 5s
+# Images are tagged with the chart's appVersion (what the chart and the hub
+# manifests name) and stamped with SOURCE_DATE_EPOCH (1970 when unset).
+VERSION ?= $(shell awk '$$1=="appVersion:" {print $$2}' deploy/charts/fleetinfer-spoke/Chart.yaml)
 KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build test chaos unit e2e demo fleet-up fleet-down vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
+.PHONY: all tools build images test chaos unit e2e demo fleet-up fleet-down vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
 
 all: build
 
@@ -84,30 +87,33 @@ $(PROTOGEN):
 build: ## Build fleetinfer's binaries into bin/.
 	go build -o $(BIN)/ ./cmd/...
 
-test: tools build vet verify-generated verify-layering fuzz ## Build everything and run every test.
+images: ## Build the hub, spoke and picker images (linux/amd64 and linux/arm64, SBOM inside) into the OCI layout bin/oci; PUSH=host/prefix also pushes them.
+	go run ./hack/images -out $(BIN)/oci -version $(VERSION) $(if $(PUSH),-push $(PUSH))
+
+test: tools build images vet verify-generated verify-layering fuzz ## Build everything and run every test.
 	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
 
-chaos: tools build ## The hub's fault suite at full length (2-min cordon and black hole, 20 leader kills, ...), then the steady-state test; FAULT lines give the figures.
+chaos: tools build images ## The hub's fault suite at full length (2-min cordon and black hole, 20 leader kills, ...), then the steady-state test; FAULT lines give the figures.
 	FLEETINFER_CHAOS=1 go test -timeout $(TEST_TIMEOUT) -count=1 -v ./e2e -run '^(TestFault.*|TestASecondHubOnTheSameSpokesLeavesTheFirstHubsCopiesAlone|TestHubMovesTheReplicasOfACopyStuckPendingForGPUs|TestHubSteadyStateMakesNoWrites)$$' \
 		| tee chaos.log | grep -E '^(FAULT|--- |ok|FAIL|PASS)'
 
 bench: bench-epp bench-hub bench-routing ## Run the benchmarks; results in bench/results/.
 
-bench-epp: tools build ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (100 pods); bench/results/epp.{json,md,svg}.
+bench-epp: tools build images ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (100 pods); bench/results/epp.{json,md,svg}.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 	go run ./bench/epp -out bench/results -stock-epp $(BIN)/gie-epp
 
-bench-hub: tools build ## Hub: apply → copy in every spoke for 100 services (vs direct creates) and failover time; bench/results/hub.{json,md,svg}.
+bench-hub: tools build images ## Hub: apply → copy in every spoke for 100 services (vs direct creates) and failover time; bench/results/hub.{json,md,svg}.
 	go run ./bench/hub -out bench/results
 
-bench-routing: tools build ## Routing: GIE local, SkyServe round-robin and least-load, fleetinfer, oracle over 4 scenarios; bench/results/routing.{json,md} and routing-*.svg.
+bench-routing: tools build images ## Routing: GIE local, SkyServe round-robin and least-load, fleetinfer, oracle over 4 scenarios; bench/results/routing.{json,md} and routing-*.svg.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 	go run ./bench/routing -out bench/results -stock-epp $(BIN)/gie-epp
 
-demo: tools build ## The local fleet demo: a KServe sample placed by the hub, skewed load without and with federation (DURATION=40s per phase, SPOKES=3); report in demo-report/.
+demo: tools build images ## The local fleet demo: a KServe sample placed by the hub, skewed load without and with federation (DURATION=40s per phase, SPOKES=3); report in demo-report/.
 	$(BIN)/localfleet --load-duration $(DURATION) --spokes $(SPOKES) --report-dir demo-report
 
-fleet-up: tools build ## Start a local fleet (SPOKES=3) and keep it running until Ctrl-C or `make fleet-down`; kubeconfig in $(FLEET_DIR)/kubeconfig.
+fleet-up: tools build images ## Start a local fleet (SPOKES=3) and keep it running until Ctrl-C or `make fleet-down`; kubeconfig in $(FLEET_DIR)/kubeconfig.
 	$(BIN)/localfleet up --spokes $(SPOKES) --dir $(FLEET_DIR)
 
 fleet-down: ## Stop the fleet `make fleet-up` runs.
@@ -145,3 +151,4 @@ verify-layering: ## Fail when hub, spoke and picker depend on each other instead
 
 clean: ## Remove fleetinfer's binaries (keeps the pinned tools).
 	rm -f $(addprefix $(BIN)/,epp gie-epp hub spoke localfleet)
+	rm -rf $(BIN)/oci $(BIN)/oci.build

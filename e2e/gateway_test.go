@@ -183,7 +183,7 @@ func gwEndpointPicker(ns, name, pool string) []client.Object {
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{ServiceAccountName: "epp", Containers: []corev1.Container{{
 					Name:  "epp",
-					Image: "ghcr.io/fleetinfer/epp:dev",
+					Image: fl.Image("epp"),
 					Args: []string{"--pool-name=" + pool, "--pool-namespace=" + ns, "--grpc-port=9002", "--grpc-health-port=9003",
 						"--metrics-port=9090", "--secure-serving=false", "--tracing=false", "--metrics-endpoint-auth=false",
 						"--enable-pprof=false", "--refresh-metrics-interval=100ms", "--config-text=" + gwEPPConfig},

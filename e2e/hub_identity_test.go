@@ -139,11 +139,11 @@ func startSecondHub(t *testing.T) string {
 	}
 	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 	probeAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
-	p, err := process.Start(process.Spec{Name: "second-hub/hub", Path: bins.Hub,
+	p, _, err := fl.StartImage(ctx, fl.Image("hub"), process.Spec{Name: "second-hub/hub",
 		LogPath: filepath.Join(cp.Dir(), "logs", "hub.log"),
 		Args: []string{"--kubeconfig=" + cp.AdminKubeconfig(), "--cluster-namespace=" + fleet.Namespace,
 			"--probe-interval=1s", "--orphan-collection-interval=1s", "--orphan-grace-period=0s",
-			"--metrics-bind-address=" + metricsAddr, "--health-probe-bind-address=" + probeAddr}}, fl.Registry)
+			"--metrics-bind-address=" + metricsAddr, "--health-probe-bind-address=" + probeAddr}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -108,12 +108,14 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var image string
 	var args []string
 	replicas := int64(1)
 	for _, o := range objs {
 		if o.GetKind() == "Deployment" && o.GetName() == "fleetinfer-hub" {
 			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 			args, _, _ = unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+			image, _, _ = unstructured.NestedString(containers[0].(map[string]any), "image")
 			// Parsed YAML numbers may be int64 or float64.
 			switch n, _, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "replicas"); n := n.(type) {
 			case int64:
@@ -129,7 +131,7 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 	t.Logf("the hub Deployment has %d replicas", replicas)
 	hubs := make([]*hubReplica, replicas)
 	for i := range hubs {
-		hubs[i] = startHubReplica(t, inst, i, args, serviceAccountKubeconfig(t, hub, fleet.Namespace, "fleetinfer-hub"))
+		hubs[i] = startHubReplica(t, inst, i, image, args, serviceAccountKubeconfig(t, hub, fleet.Namespace, "fleetinfer-hub"))
 	}
 	leader := hubLeader(t, hubs)
 
@@ -200,10 +202,11 @@ type hubReplica struct {
 	log     string
 }
 
-// startHubReplica runs bin/hub with the Deployment's flags, on loopback
+// startHubReplica runs the Deployment's image (pulled from the fleet's
+// registry) with the Deployment's flags, on loopback
 // ports, and waits until it is ready (a standby is ready too: it waits for
 // the lease).
-func startHubReplica(t *testing.T, inst *fleet.Fleet, i int, deploymentArgs []string, kubeconfig string) *hubReplica {
+func startHubReplica(t *testing.T, inst *fleet.Fleet, i int, image string, deploymentArgs []string, kubeconfig string) *hubReplica {
 	t.Helper()
 	ports, err := controlplane.FreePorts(2)
 	if err != nil {
@@ -220,14 +223,10 @@ func startHubReplica(t *testing.T, inst *fleet.Fleet, i int, deploymentArgs []st
 			args[i] = "--health-probe-bind-address=" + probeAddr
 		}
 	}
-	bins, err := binaries.Locate()
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := &hubReplica{metrics: "http://" + metricsAddr + "/metrics",
 		log: filepath.Join(inst.Hub.Dir(), "logs", fmt.Sprintf("hub-installed-%d.log", i))}
-	h.p, err = process.Start(process.Spec{Name: fmt.Sprintf("hub/hub-installed-%d", i), Path: bins.Hub, LogPath: h.log,
-		Args: append(args, "--kubeconfig="+kubeconfig)}, inst.Registry)
+	h.p, _, err = inst.StartImage(context.Background(), image, process.Spec{Name: fmt.Sprintf("hub/hub-installed-%d", i), LogPath: h.log,
+		Args: append(args, "--kubeconfig="+kubeconfig)})
 	if err != nil {
 		t.Fatal(err)
 	}

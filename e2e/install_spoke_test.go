@@ -52,6 +52,9 @@ func startInstallFleet(t *testing.T) *fleet.Fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		if bad := f.NotFromImages(); len(bad) > 0 {
+			t.Errorf("fleetinfer components ran from binaries, not the registry's images: %v", bad)
+		}
 		f.Stop()
 		if alive := f.Registry.Alive(); len(alive) > 0 {
 			t.Errorf("install fleet left processes running: %v", alive)
@@ -207,7 +210,8 @@ func TestInstallFromTheManifests(t *testing.T) {
 
 // installSpokeChart renders the per-cluster chart with the Helm SDK and
 // server-side applies it to the spoke, with two replicas: the local kubelet
-// runs its Deployment (ghcr.io/fleetinfer/spoke) as bin/spoke with the pod's
+// runs its Deployment's image (ghcr.io/fleetinfer/spoke, pulled from the
+// fleet's registry) with the pod's
 // ServiceAccount token, so a leader being elected, KServe's CPU sample
 // turning Ready and serving through the gateway, and the cluster's capacity
 // report appearing prove the chart's generated RBAC is enough. The chart's

@@ -505,3 +505,51 @@ func TestClustersAreApartOnTheWAN(t *testing.T) {
 		}
 	})
 }
+
+// fleetinfer's components run from the images in the fleet's registry: the
+// hub and spoke controllers the fleet starts, and a picker pod named by tag
+// or by digest, which reports the registry's index digest as its imageID.
+// (TestMain fails the package if any component ran from a plain binary.)
+func TestComponentsRunFromTheRegistrysImages(t *testing.T) {
+	if bad := fl.NotFromImages(); len(bad) > 0 {
+		t.Errorf("run from binaries, not the registry's images: %v", bad)
+	}
+	spoke := fl.Spokes[0]
+	ns := namespace(t, spoke)
+	ctx := context.Background()
+	for _, o := range fedpool.EPPRBAC(ns) {
+		if err := spoke.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tag := fl.Image("epp")
+	digest := fl.ImageDigests[tag]
+	if digest == "" {
+		t.Fatalf("the fleet's registry has no %s: %v", tag, fl.ImageDigests)
+	}
+	repo, _, _ := strings.Cut(tag, ":")
+	pods := map[string]string{"by-tag": tag, "by-digest": repo + "@" + digest}
+	for pool, image := range pods {
+		if err := spoke.Client.Create(ctx, fedpool.EPPPod(ns, pool, image)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for pool := range pods {
+		testutil.Eventually(t, 60*time.Second, pool+" picker started from the image", func(ctx context.Context) error {
+			pod := &corev1.Pod{}
+			if err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fedpool.EPPName(pool)}, pod); err != nil {
+				return err
+			}
+			if len(pod.Status.ContainerStatuses) != 1 || pod.Status.ContainerStatuses[0].State.Waiting != nil {
+				return fmt.Errorf("containers %+v", pod.Status.ContainerStatuses)
+			}
+			if got, want := pod.Status.ContainerStatuses[0].ImageID, repo+"@"+digest; got != want {
+				return fmt.Errorf("imageID %q, want %q", got, want)
+			}
+			return nil
+		})
+	}
+	if bad := fl.NotFromImages(); len(bad) > 0 {
+		t.Errorf("run from binaries, not the registry's images: %v", bad)
+	}
+}

@@ -58,6 +58,10 @@ func run(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
+	if bad := fl.NotFromImages(); len(bad) > 0 {
+		fmt.Fprintf(os.Stderr, "fleetinfer components ran from binaries, not the registry's images: %v\n", bad)
+		code = 1
+	}
 	fl.Stop()
 	if alive := fl.Registry.Alive(); len(alive) > 0 {
 		fmt.Fprintf(os.Stderr, "processes left running after the fleet stopped: %v\n", alive)

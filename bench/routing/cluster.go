@@ -52,8 +52,8 @@ func startRouterNodes(ctx context.Context, fl *fleet.Fleet, stockEPP string) ([]
 			Dir:     filepath.Join(fl.Dir(), s.Name()+"-router"),
 			Runtimes: kubelet.Runtimes{kubelet.BinaryRuntime{
 				Description: "GIE v1.5.0 EPP image as the stock binary", Repos: []string{"gateway-api-inference-extension/epp"},
-				Binary:    stockEPP,
-				PortFlags: map[string]int32{"grpc-port": fedpool.GRPCPort, "grpc-health-port": fedpool.HealthPort, "metrics-port": fedpool.MetricsPort}}},
+				Binary: stockEPP,
+				Flags:  kubelet.PortFlags{Ports: map[string]int32{"grpc-port": fedpool.GRPCPort, "grpc-health-port": fedpool.HealthPort, "metrics-port": fedpool.MetricsPort}}}},
 			Log: logr.Discard(),
 		})
 		if err == nil {

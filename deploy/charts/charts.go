@@ -20,6 +20,8 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/fleetinfer/fleetinfer/internal/ociimage"
 )
 
 // Spoke is the per-cluster chart.
@@ -33,6 +35,17 @@ func Dir(name string) string {
 
 // Load loads the named chart from this repository.
 func Load(name string) (*chart.Chart, error) { return loader.Load(Dir(name)) }
+
+// Image is the reference of a fleetinfer image at the spoke chart's
+// appVersion, the tag the chart, the presets and the hub manifests name and
+// `make images` builds.
+func Image(component string) (string, error) {
+	c, err := Load(Spoke)
+	if err != nil {
+		return "", err
+	}
+	return ociimage.Reference(component, c.Metadata.AppVersion), nil
+}
 
 // Options choose the release and what the target cluster offers.
 type Options struct {

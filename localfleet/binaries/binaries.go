@@ -1,7 +1,8 @@
 // Package binaries finds the executables the local fleet runs: the control
 // plane and simulator built by `make tools` under bin/<tool>-<version>/, with
 // the version read from the tool's pinning module under hack/tools, and
-// fleetinfer's own binaries built by `make build` into bin/.
+// fleetinfer's images, which `make images` writes as an OCI image layout
+// to bin/oci (the fleet pushes them to its registry and runs them from it).
 package binaries
 
 import (
@@ -20,9 +21,11 @@ type Set struct {
 	KubeControllerManager string
 	KubeScheduler         string
 	Simulator             string
-	EPP                   string
-	Spoke                 string
-	Hub                   string
+	// EPP is bin/epp from `make build`, which the EPP benchmark runs as a
+	// plain process; the fleet runs the picker from its image.
+	EPP string
+	// Images is the OCI image layout of fleetinfer's images.
+	Images string
 	// LWS is the LeaderWorkerSet controller; make tools puts its webhook
 	// configurations (webhook.yaml) and ClusterRole (role.yaml), rendered
 	// from the same module, next to it.
@@ -79,8 +82,7 @@ func Locate() (Set, error) {
 		Simulator:             filepath.Join(simDir, "llm-d-inference-sim"),
 		LWS:                   filepath.Join(lwsDir, "lws"),
 		EPP:                   filepath.Join(root, "bin", "epp"),
-		Spoke:                 filepath.Join(root, "bin", "spoke"),
-		Hub:                   filepath.Join(root, "bin", "hub"),
+		Images:                filepath.Join(root, "bin", "oci"),
 	}
 	for _, p := range []string{s.Etcd, s.KubeAPIServer, s.KubeControllerManager, s.KubeScheduler, s.Simulator} {
 		if _, err := os.Stat(p); err != nil {

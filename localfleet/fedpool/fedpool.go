@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/deploy/charts"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
@@ -238,6 +239,10 @@ func (p *Pool) create(ctx context.Context, m *Member) error {
 	if err != nil {
 		return err
 	}
+	epp, err := p.eppPod(m.Cluster.Name())
+	if err != nil {
+		return err
+	}
 	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}}
 	objs = append(objs, EPPRBAC(ns)...)
 	objs = append(objs,
@@ -247,7 +252,7 @@ func (p *Pool) create(ctx context.Context, m *Member) error {
 			Data: map[string]string{"config.yaml": p.EPPConfig, "peers.yaml": "peers: []\n"}},
 		ModelServer(ns, p.Pool, m.Replicas, m.SimArgs),
 		InferencePool(ns, p.Pool, p.Pool, EPPName(p.Pool)),
-		p.eppPod(m.Cluster.Name()),
+		epp,
 		EPPService(ns, EPPName(p.Pool)),
 		federationService(ns, p.Pool),
 		Route(ns, p.Pool, p.Host(), PoolRule(p.Pool)))
@@ -262,8 +267,13 @@ func (p *Pool) create(ctx context.Context, m *Member) error {
 // EPPName names a pool's picker: its pod, Service and ConfigMap.
 func EPPName(pool string) string { return pool + "-epp" }
 
-// eppPod is a bare pod so that a killed picker stays dead.
-func (p *Pool) eppPod(cluster string) *corev1.Pod {
+// eppPod is a bare pod so that a killed picker stays dead, running the
+// picker image the chart names.
+func (p *Pool) eppPod(cluster string) (*corev1.Pod, error) {
+	image, err := charts.Image("epp")
+	if err != nil {
+		return nil, err
+	}
 	var args []string
 	if p.EPPConfig != "" {
 		args = append(args, "--config-file=/etc/epp/config.yaml")
@@ -272,7 +282,7 @@ func (p *Pool) eppPod(cluster string) *corev1.Pod {
 		"--federation-peers-file=/etc/epp/peers.yaml", "--federation-cert-file=/etc/federation/tls.crt",
 		"--federation-key-file=/etc/federation/tls.key", "--federation-ca-file=/etc/federation/ca.crt")
 	args = append(args, p.EPPArgs...)
-	pod := EPPPod(p.Namespace, p.Pool, "ghcr.io/fleetinfer/epp:dev", args...)
+	pod := EPPPod(p.Namespace, p.Pool, image, args...)
 	c := &pod.Spec.Containers[0]
 	c.Ports = append(c.Ports, corev1.ContainerPort{Name: fleetv1alpha1.FederationPortName, ContainerPort: FederationPort})
 	c.VolumeMounts = []corev1.VolumeMount{{Name: "config", MountPath: "/etc/epp"}, {Name: "tls", MountPath: "/etc/federation"}}
@@ -281,7 +291,7 @@ func (p *Pool) eppPod(cluster string) *corev1.Pod {
 			LocalObjectReference: corev1.LocalObjectReference{Name: EPPName(p.Pool)}}}},
 		{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "federation-tls"}}},
 	}
-	return pod
+	return pod, nil
 }
 
 // EPPPod is a bare picker pod (a killed picker stays dead) for pool with

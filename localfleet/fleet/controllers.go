@@ -2,10 +2,8 @@ package fleet
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -18,7 +16,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
-// startHubController runs bin/hub against the hub as the hub's own user
+// startHubController runs the hub image against the hub as the hub's own user
 // (the identity it also has on every spoke), so the audit logs tell its
 // writes apart.
 func (f *Fleet) startHubController(ctx context.Context) error {
@@ -62,11 +60,12 @@ func (f *Fleet) startHubController(ctx context.Context) error {
 	return err
 }
 
-// startSpokeController runs bin/spoke against the spoke as a separate
-// process, as it runs in a real cluster, and waits until it reports ready.
+// startSpokeController runs the spoke image against the spoke as a
+// separate process, as it runs in a real cluster, and waits until it reports
+// ready.
 // It uses the admin identity; the Helm chart's RBAC is proven separately.
 func (f *Fleet) startSpokeController(ctx context.Context, s *Cluster) error {
-	_, err := f.startController(ctx, s, f.opts.Binaries.Spoke, "spoke-controller", []string{
+	_, err := f.startController(ctx, s, f.Image("spoke"), "spoke-controller", []string{
 		"--kubeconfig=" + s.AdminKubeconfig(),
 		"--system-namespace=" + Namespace,
 		"--default-gateway=" + Namespace + "/" + GatewayName,
@@ -74,25 +73,21 @@ func (f *Fleet) startSpokeController(ctx context.Context, s *Cluster) error {
 	return err
 }
 
-// startController runs a controller binary on loopback metrics and probe
-// ports, makes it the cluster's ControllerMetrics and waits until it
-// reports ready.
-func (f *Fleet) startController(ctx context.Context, c *Cluster, bin, name string, args []string) (*process.Process, error) {
-	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("%s is missing: run `make build` first", bin)
-	}
+// startController runs a controller image's entrypoint with args on
+// loopback metrics and probe ports, makes it the cluster's
+// ControllerMetrics and waits until it reports ready.
+func (f *Fleet) startController(ctx context.Context, c *Cluster, image, name string, args []string) (*process.Process, error) {
 	ports, err := controlplane.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
 	probe := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
 	metrics := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-	p, err := process.Start(process.Spec{
+	p, _, err := f.StartImage(ctx, image, process.Spec{
 		Name:    c.Name() + "/" + name,
-		Path:    bin,
 		Args:    append(args, "--metrics-bind-address="+metrics, "--health-probe-bind-address="+probe),
 		LogPath: filepath.Join(c.Dir(), "logs", name+".log"),
-	}, f.Registry)
+	})
 	if err != nil {
 		return nil, err
 	}

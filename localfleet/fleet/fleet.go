@@ -30,6 +30,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
 	"github.com/fleetinfer/fleetinfer/localfleet/loadbalancer"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
+	"github.com/fleetinfer/fleetinfer/localfleet/registry"
 	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
@@ -62,19 +63,19 @@ type Options struct {
 	// NoGateways skips the local gateway (package gateway) each spoke
 	// otherwise gets, with its GatewayClass and Gateway.
 	NoGateways bool
-	// NoControllers skips fleetinfer's own controllers (bin/hub on the hub,
-	// bin/spoke in each spoke), for tests of the fleet alone.
+	// NoControllers skips fleetinfer's own controllers (the hub image on the
+	// hub, the spoke image in each spoke), for tests of the fleet alone.
 	NoControllers bool
 	// NoLeaderWorkerSet skips the LeaderWorkerSet controller each spoke
 	// otherwise runs (lws.go), which multi-node services need for their
 	// pods. It starts beside the kubelet and costs no measurable start-up.
 	NoLeaderWorkerSet bool
-	// HubArgs are extra flags for bin/hub.
+	// HubArgs are extra flags for the hub.
 	HubArgs []string
-	// HubReplicas is how many bin/hub processes run (default 1); above 1
+	// HubReplicas is how many hub processes run (default 1); above 1
 	// they elect a leader, as the install manifests' replicas do.
 	HubReplicas int
-	// ClusterProvider is how bin/hub finds the spokes (its
+	// ClusterProvider is how the hub finds the spokes (its
 	// --cluster-provider): "" or "kubeconfig" for the kubeconfig Secrets,
 	// "clusterprofile" for the ClusterProfiles; the fleet writes both.
 	ClusterProvider string
@@ -128,8 +129,14 @@ type Fleet struct {
 	StartupTime time.Duration
 	// StartupStages is how long each stage of Start took, in order.
 	StartupStages []Stage
+	// Images pulls and unpacks images from the fleet's registry.
+	Images *registry.Store
+	// ImageDigests maps each fleetinfer image reference the fleet's
+	// registry serves to its index digest.
+	ImageDigests map[string]string
 
 	opts     Options
+	registry *registry.Server
 	fabric   *wan.Fabric
 	netLocks []*os.File
 	dir      string
@@ -193,6 +200,9 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 		}
 	}()
 	if err := f.startFabric(); err != nil {
+		return f, err
+	}
+	if err := f.startRegistry(ctx); err != nil {
 		return f, err
 	}
 	agentCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -398,14 +408,14 @@ func (f *Fleet) startKubelet(ctx context.Context, c *Cluster, index int) error {
 		Log:      f.opts.Log.WithName("kubelet"),
 		Runtimes: kubelet.Runtimes{
 			kubelet.SimulatorRuntime{Binary: b.Simulator, Repos: kubelet.DefaultModelServerImages, DefaultArgs: c.Spec.SimulatorArgs},
-			kubelet.BinaryRuntime{Description: "fleetinfer EPP images as bin/epp", Repos: []string{"fleetinfer/epp"}, Binary: b.EPP,
-				PortFlags:  map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090, "federation-port": 9004},
-				PodIPFlags: []string{fleetv1alpha1.FlagFederationSourceAddress},
-				// Pods live on loopback here; each spoke's range still
-				// bounds its peers' endpoints (PodCIDRsProperty).
-				Args: []string{"--" + fleetv1alpha1.FlagFederationAllowLoopback}},
-			kubelet.BinaryRuntime{Description: "fleetinfer spoke images as bin/spoke", Repos: []string{"fleetinfer/spoke"}, Binary: b.Spoke,
-				AddressFlags: map[string]int32{"metrics-bind-address": 8080, "health-probe-bind-address": 8081}},
+			kubelet.ImageRuntime{Description: "fleetinfer EPP image from the fleet's registry", Repos: []string{"fleetinfer/epp"}, Images: f.Images,
+				Flags: kubelet.PortFlags{Ports: map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090, "federation-port": 9004},
+					PodIP: []string{fleetv1alpha1.FlagFederationSourceAddress},
+					// Pods live on loopback here; each spoke's range still
+					// bounds its peers' endpoints (PodCIDRsProperty).
+					Args: []string{"--" + fleetv1alpha1.FlagFederationAllowLoopback}}},
+			kubelet.ImageRuntime{Description: "fleetinfer spoke image from the fleet's registry", Repos: []string{"fleetinfer/spoke"}, Images: f.Images,
+				Flags: kubelet.PortFlags{Addresses: map[string]int32{"metrics-bind-address": 8080, "health-probe-bind-address": 8081}}},
 			kubelet.CompletedRuntime{Description: "KServe storage-initializer (no model weights to fetch)", Repos: []string{"kserve/storage-initializer"}},
 		},
 	})
@@ -475,6 +485,9 @@ func (f *Fleet) Stop() {
 		}
 		wg.Wait()
 		f.Registry.StopAll(controlplane.StopGrace)
+		if f.registry != nil {
+			f.registry.Stop()
+		}
 		if f.fabric != nil {
 			f.fabric.Close()
 		}

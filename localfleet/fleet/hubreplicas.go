@@ -9,7 +9,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
-// HubReplica is one bin/hub process of the fleet.
+// HubReplica is one hub process of the fleet.
 type HubReplica struct {
 	Process *process.Process
 	// Metrics is its Prometheus endpoint.
@@ -20,7 +20,7 @@ type HubReplica struct {
 // (its leader election ID).
 const leaderMetric = `leader_election_master_status{name="fleetinfer-hub"}`
 
-// StartHubReplica starts one more bin/hub process with the fleet's hub
+// StartHubReplica starts one more hub process with the fleet's hub
 // flags and waits until it is ready (a standby is ready while it waits for
 // the lease). With Options.HubReplicas above 1 the replicas elect a leader.
 func (f *Fleet) StartHubReplica(ctx context.Context) (*HubReplica, error) {
@@ -32,7 +32,7 @@ func (f *Fleet) StartHubReplica(ctx context.Context) (*HubReplica, error) {
 	if n > 0 {
 		name = fmt.Sprintf("hub-controller-%d", n)
 	}
-	p, err := f.startController(ctx, f.Hub, f.opts.Binaries.Hub, name, f.hubArgs)
+	p, err := f.startController(ctx, f.Hub, f.Image("hub"), name, f.hubArgs)
 	r := &HubReplica{Process: p, Metrics: f.Hub.ControllerMetrics}
 	if p != nil {
 		f.hubMu.Lock()
@@ -42,7 +42,7 @@ func (f *Fleet) StartHubReplica(ctx context.Context) (*HubReplica, error) {
 	return r, err
 }
 
-// HubReplicas are the bin/hub processes still running.
+// HubReplicas are the hub processes still running.
 func (f *Fleet) HubReplicas() []*HubReplica {
 	f.hubMu.Lock()
 	defer f.hubMu.Unlock()

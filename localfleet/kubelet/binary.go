@@ -1,6 +1,7 @@
 package kubelet
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"path"
@@ -9,36 +10,42 @@ import (
 	"strings"
 )
 
-// BinaryRuntime runs an image as a binary built from this repository (or
-// compatible with one), with the container's args. Listening ports are given
-// as flags; each is rewritten to a free local port and forwarded from the pod
-// address, since these binaries bind every interface.
+// BinaryRuntime runs an image as a local binary, with the container's args:
+// images that are not fleetinfer's and have no image in the local registry
+// (GIE's stock picker in the benchmarks).
 type BinaryRuntime struct {
 	Description string
 	Repos       []string
 	Binary      string
-	// PortFlags maps a port flag to the port it defaults to when absent.
-	PortFlags map[string]int32
-	// AddressFlags are like PortFlags for flags whose value is an address
+	Flags       PortFlags
+}
+
+// PortFlags are the flags that choose a binary's listening ports. Each port
+// is rewritten to a free local port and forwarded from the pod address,
+// since these binaries bind every interface.
+type PortFlags struct {
+	// Ports maps a port flag to the port it defaults to when absent.
+	Ports map[string]int32
+	// Addresses are like Ports for flags whose value is an address
 	// ([host]:port, controller-runtime's --metrics-bind-address); they are
 	// rewritten to 127.0.0.1 and the free port.
-	AddressFlags map[string]int32
-	// PodIPFlags are set to the pod's IP when the container does not set
+	Addresses map[string]int32
+	// PodIP flags are set to the pod's IP when the container does not set
 	// them: flags that make a process bind its pod's address as the source
 	// of its connections, as a real pod's connections leave from its pod IP
 	// (the local fleet's network tells clusters apart by source address).
-	PodIPFlags []string
+	PodIP []string
 	// Args are added to every container's: settings the local fleet itself
 	// needs of the binary.
 	Args []string
 }
 
 // flagDefault returns the default port of a port or address flag.
-func (r BinaryRuntime) flagDefault(name string) (port int32, address, ok bool) {
-	if p, ok := r.PortFlags[name]; ok {
+func (r PortFlags) flagDefault(name string) (port int32, address, ok bool) {
+	if p, ok := r.Ports[name]; ok {
 		return p, false, true
 	}
-	p, ok := r.AddressFlags[name]
+	p, ok := r.Addresses[name]
 	return p, true, ok
 }
 
@@ -57,7 +64,7 @@ func (r BinaryRuntime) Matches(image string) bool { return matchesAny(image, r.R
 // Prepare takes the container's args; a command naming the image's own binary
 // contributes its arguments, any other command is refused because there is no
 // image filesystem to run it from.
-func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
+func (r BinaryRuntime) Prepare(_ context.Context, c *Container) (*Launch, error) {
 	args := c.Args
 	if len(c.Command) > 0 {
 		if path.Base(c.Command[0]) != path.Base(r.Binary) {
@@ -65,13 +72,24 @@ func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
 		}
 		args = append(append([]string{}, c.Command[1:]...), c.Args...)
 	}
+	out, ports, err := r.Flags.rewrite(c, args)
+	if err != nil {
+		return nil, err
+	}
+	return &Launch{Path: r.Binary, Args: out, Env: c.Env, Ports: ports}, nil
+}
+
+// rewrite moves the port and address flags of args to free local ports,
+// adds the flags left out with their default ports and the pod-IP flags, and
+// returns the args with the pod ports to forward.
+func (r PortFlags) rewrite(c *Container, args []string) ([]string, map[int32]int, error) {
 	ports := map[int32]int{}
 	seen := map[string]bool{}
 	var out []string
 	for i := 0; i < len(args); i++ {
 		name, value, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
 		_, address, isPort := r.flagDefault(name)
-		if slices.Contains(r.PodIPFlags, name) && strings.HasPrefix(args[i], "-") {
+		if slices.Contains(r.PodIP, name) && strings.HasPrefix(args[i], "-") {
 			seen[name] = true
 		}
 		if !isPort || !strings.HasPrefix(args[i], "-") {
@@ -80,7 +98,7 @@ func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
 		}
 		if !hasValue {
 			if i+1 >= len(args) {
-				return nil, fmt.Errorf("flag --%s needs a value", name)
+				return nil, nil, fmt.Errorf("flag --%s needs a value", name)
 			}
 			i++
 			value = args[i]
@@ -90,34 +108,34 @@ func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
 		}
 		p, err := strconv.ParseInt(value, 10, 32)
 		if err != nil || p <= 0 || p > 65535 {
-			return nil, fmt.Errorf("invalid port %q for --%s", value, name)
+			return nil, nil, fmt.Errorf("invalid port %q for --%s", value, name)
 		}
 		local, err := c.FreePort()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		ports[int32(p)] = local
 		seen[name] = true
 		out = append(out, "--"+name+"="+flagValue(local, address))
 	}
-	for _, flags := range []map[string]int32{r.PortFlags, r.AddressFlags} {
+	for _, flags := range []map[string]int32{r.Ports, r.Addresses} {
 		for name, def := range flags {
 			if seen[name] {
 				continue
 			}
 			local, err := c.FreePort()
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			ports[def] = local
 			_, address, _ := r.flagDefault(name)
 			out = append(out, "--"+name+"="+flagValue(local, address))
 		}
 	}
-	for _, name := range r.PodIPFlags {
+	for _, name := range r.PodIP {
 		if !seen[name] && c.PodIP != "" {
 			out = append(out, "--"+name+"="+c.PodIP)
 		}
 	}
-	return &Launch{Path: r.Binary, Args: append(out, r.Args...), Env: c.Env, Ports: ports}, nil
+	return append(out, r.Args...), ports, nil
 }

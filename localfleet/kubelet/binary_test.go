@@ -10,9 +10,9 @@ import (
 // are moved to free local ports, addresses onto 127.0.0.1; flags the
 // container leaves out get their default port; other flags pass unchanged.
 func TestBinaryRuntimeRewritesPortAndAddressFlags(t *testing.T) {
-	r := BinaryRuntime{Binary: "/bin/spoke",
-		PortFlags:    map[string]int32{"grpc-port": 9002},
-		AddressFlags: map[string]int32{"metrics-bind-address": 8080, "health-probe-bind-address": 8081}}
+	r := BinaryRuntime{Binary: "/bin/spoke", Flags: PortFlags{
+		Ports:     map[string]int32{"grpc-port": 9002},
+		Addresses: map[string]int32{"metrics-bind-address": 8080, "health-probe-bind-address": 8081}}}
 	tests := []struct {
 		name      string
 		args      []string
@@ -30,7 +30,7 @@ func TestBinaryRuntimeRewritesPortAndAddressFlags(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			next := 20000
-			l, err := r.Prepare(&Container{Args: tt.args, FreePort: func() (int, error) { next++; return next - 1, nil }})
+			l, err := r.Prepare(t.Context(), &Container{Args: tt.args, FreePort: func() (int, error) { next++; return next - 1, nil }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,7 +38,7 @@ func TestBinaryRuntimeRewritesPortAndAddressFlags(t *testing.T) {
 				t.Errorf("args %v, want %v", l.Args, tt.wantArgs)
 			}
 			for _, a := range l.Args {
-				if name, v, _ := strings.Cut(strings.TrimPrefix(a, "--"), "="); r.AddressFlags[name] != 0 && !strings.HasPrefix(v, "127.0.0.1:") {
+				if name, v, _ := strings.Cut(strings.TrimPrefix(a, "--"), "="); r.Flags.Addresses[name] != 0 && !strings.HasPrefix(v, "127.0.0.1:") {
 					t.Errorf("%s is not a loopback address", a)
 				}
 			}
@@ -57,7 +57,7 @@ func TestBinaryRuntimeRewritesPortAndAddressFlags(t *testing.T) {
 // A pod-IP flag the container leaves out is set to the pod's address; one it
 // sets is left alone.
 func TestBinaryRuntimeSetsPodIPFlagsTheContainerLeavesOut(t *testing.T) {
-	r := BinaryRuntime{Binary: "/bin/epp", PodIPFlags: []string{"federation-source-address"}}
+	r := BinaryRuntime{Binary: "/bin/epp", Flags: PortFlags{PodIP: []string{"federation-source-address"}}}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -67,7 +67,7 @@ func TestBinaryRuntimeSetsPodIPFlagsTheContainerLeavesOut(t *testing.T) {
 		{"given", []string{"--federation-source-address", "127.12.0.9"}, []string{"--federation-source-address", "127.12.0.9"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := r.Prepare(&Container{Args: tc.args, PodIP: "127.12.0.7"})
+			l, err := r.Prepare(t.Context(), &Container{Args: tc.args, PodIP: "127.12.0.7"})
 			if err != nil {
 				t.Fatal(err)
 			}

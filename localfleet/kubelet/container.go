@@ -1,6 +1,7 @@
 package kubelet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +30,7 @@ type container struct {
 	mu           sync.Mutex
 	proc         *process.Process
 	runtimeName  string
+	imageID      string // from the image runtime; empty for a mapped binary
 	startedAt    time.Time
 	ready        bool
 	everReady    bool
@@ -101,7 +103,7 @@ func (c *container) runOnce(ctx context.Context) (int32, bool) {
 		switch {
 		case errors.As(err, &cfgErr):
 			reason = "CreateContainerConfigError"
-		case errors.Is(err, errNoRuntime):
+		case errors.Is(err, errNoRuntime), errors.Is(err, ErrImagePull):
 			reason = "ErrImagePull"
 		}
 		c.fail(reason, err)
@@ -135,7 +137,7 @@ func (c *container) runOnce(ctx context.Context) (int32, bool) {
 		Path:    launch.Path,
 		Args:    launch.Args,
 		Env:     launch.Env,
-		Dir:     c.w.dir,
+		Dir:     cmp.Or(launch.Dir, c.w.dir),
 		LogPath: filepath.Join(c.w.dir, c.spec.Name+".log"),
 	}, c.w.k.opts.Registry)
 	if err != nil {
@@ -143,11 +145,16 @@ func (c *container) runOnce(ctx context.Context) (int32, bool) {
 		return 0, false
 	}
 	c.update(func() {
-		c.proc, c.startedAt = proc, time.Now()
+		c.proc, c.startedAt, c.imageID = proc, time.Now(), launch.ImageID
 		c.waiting, c.terminated, c.ready = nil, nil, false
 		c.started = c.spec.StartupProbe == nil
 	})
-	c.w.event(corev1.EventTypeNormal, "Started", "Started container %s (%s, pid %d)", c.spec.Name, c.runtimeName, proc.PID())
+	if launch.ImageID != "" {
+		c.w.event(corev1.EventTypeNormal, "Started", "Started container %s (%s, %s as image user %q, pid %d)",
+			c.spec.Name, c.runtimeName, launch.ImageID, launch.User, proc.PID())
+	} else {
+		c.w.event(corev1.EventTypeNormal, "Started", "Started container %s (%s, pid %d)", c.spec.Name, c.runtimeName, proc.PID())
+	}
 
 	probeCtx, stopProbes := context.WithCancel(ctx)
 	unhealthy := make(chan string, 1)
@@ -202,7 +209,7 @@ func (c *container) prepare(ctx context.Context) (*Launch, error) {
 		env = append(env, "KUBECONFIG="+c.w.kubeconfig)
 	}
 	mounts := newMountRewriter(c.spec, c.w.dir)
-	launch, err := rt.Prepare(&Container{
+	launch, err := rt.Prepare(ctx, &Container{
 		Pod: pod, Spec: c.spec, PodIP: c.w.ip, Env: env,
 		Command:  mounts.rewriteAll(expandAll(c.spec.Command, vals)),
 		Args:     mounts.rewriteAll(expandAll(c.spec.Args, vals)),
@@ -342,7 +349,7 @@ func (c *container) status() corev1.ContainerStatus {
 	s := corev1.ContainerStatus{
 		Name:         c.spec.Name,
 		Image:        c.spec.Image,
-		ImageID:      "localfleet://" + imageRepository(c.spec.Image),
+		ImageID:      cmp.Or(c.imageID, "localfleet://"+imageRepository(c.spec.Image)),
 		RestartCount: c.restartCount,
 		Ready:        c.ready,
 		Started:      ptr.To(c.proc != nil && c.started),

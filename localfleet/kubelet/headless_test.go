@@ -19,7 +19,7 @@ func TestHeadlessVLLMWorkerOnlyStaysUp(t *testing.T) {
 			return 0, nil
 		},
 	}
-	l, err := SimulatorRuntime{Binary: "llm-d-inference-sim"}.Prepare(c)
+	l, err := SimulatorRuntime{Binary: "llm-d-inference-sim"}.Prepare(t.Context(), c)
 	if err != nil {
 		t.Fatal(err)
 	}

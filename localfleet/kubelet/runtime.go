@@ -1,16 +1,18 @@
 package kubelet
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 )
 
-// A Runtime turns a container of a known image into a process on this machine.
-// There are no container images here: each runtime maps an image family to a
-// local binary (vLLM-compatible servers to llm-d-inference-sim, fleetinfer's
-// images to the binaries built from this repository).
+// A Runtime turns a container of a known image into a process on this machine:
+// fleetinfer's images are pulled from the fleet's registry and run from their
+// unpacked filesystem (ImageRuntime); images of model servers that do not
+// exist here map to a local binary (vLLM-compatible servers to
+// llm-d-inference-sim).
 type Runtime interface {
 	// Name describes the runtime in events and logs.
 	Name() string
@@ -18,7 +20,7 @@ type Runtime interface {
 	Matches(image string) bool
 	// Prepare returns how to run the container. Command and args have had
 	// $(VAR) references expanded and volume paths rewritten to the host.
-	Prepare(c *Container) (*Launch, error)
+	Prepare(ctx context.Context, c *Container) (*Launch, error)
 }
 
 // Container is what a runtime sees of the container it prepares.
@@ -44,6 +46,15 @@ type Launch struct {
 	// listens on. The kubelet forwards the first to the second because most
 	// binaries here cannot bind one address of their choosing.
 	Ports map[int32]int
+	// Dir is the process's working directory; empty: the pod's directory.
+	Dir string
+	// ImageID is the image the process runs from, as a container status'
+	// imageID reports it; empty for a runtime that maps an image to a
+	// binary.
+	ImageID string
+	// User is the image's user. The process runs as the kubelet's user
+	// (see ImageRuntime); the user is reported in the Started event.
+	User string
 	// Completed marks a container with nothing to run (a model download into
 	// a volume that does not exist here): it counts as having exited 0.
 	Completed bool
@@ -89,7 +100,9 @@ func (r CompletedRuntime) Name() string { return r.Description }
 
 func (r CompletedRuntime) Matches(image string) bool { return matchesAny(image, r.Repos) }
 
-func (r CompletedRuntime) Prepare(*Container) (*Launch, error) { return &Launch{Completed: true}, nil }
+func (r CompletedRuntime) Prepare(context.Context, *Container) (*Launch, error) {
+	return &Launch{Completed: true}, nil
+}
 
 // matchesAny reports whether the image's repository contains any of the given
 // fragments, so that a mirror registry or another tag still matches.

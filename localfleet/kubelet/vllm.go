@@ -1,6 +1,7 @@
 package kubelet
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -64,7 +65,7 @@ var vllmBoolFlags = map[string]bool{
 const defaultVLLMPort = 8000
 
 // Prepare builds the simulator command line from the container's vLLM one.
-func (r SimulatorRuntime) Prepare(c *Container) (*Launch, error) {
+func (r SimulatorRuntime) Prepare(_ context.Context, c *Container) (*Launch, error) {
 	tokens := vllmArgs(c.Command, c.Args, envMap(c.Env))
 	if slices.Contains(tokens, "--headless") {
 		// A headless vLLM is a worker of a multi-node group (data-parallel
