@@ -78,12 +78,17 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 // request-headers response carries a Parent-mode pick's marks.
 type extProcServer struct {
 	extProcPb.UnimplementedExternalProcessorServer
-	inner  extProcPb.ExternalProcessorServer
-	marker *marker
+	inner    extProcPb.ExternalProcessorServer
+	marker   *marker
+	recorder pickRecorder
 }
 
 func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer) error {
-	return s.inner.Process(&markingStream{ExternalProcessor_ProcessServer: stream, ctx: withPick(stream.Context()), marker: s.marker})
+	ctx := withPick(stream.Context())
+	// A request that did not complete (an error, a client that went away)
+	// still leaves the meter's count of requests in flight.
+	defer s.recorder.finish(pickOf(ctx), false)
+	return s.inner.Process(&markingStream{ExternalProcessor_ProcessServer: stream, ctx: ctx, marker: s.marker})
 }
 
 type markingStream struct {

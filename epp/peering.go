@@ -49,6 +49,7 @@ type FederationOptions struct {
 	LaggingAfter     time.Duration
 	SubscriberBuffer int
 	SourceAddress    string
+	PingInterval     time.Duration
 }
 
 // maxReconnectBackoff caps the wait between a peer's reconnects. A reconnect
@@ -64,7 +65,7 @@ func NewFederationOptions() *FederationOptions {
 		PublishInterval: 50 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
 		MaxEndpoints: federation.DefaultLimits.MaxEndpoints, MaxMessageBytes: federation.DefaultLimits.MaxMessageBytes,
 		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: maxReconnectBackoff,
-		LaggingAfter: 500 * time.Millisecond, SubscriberBuffer: 64,
+		LaggingAfter: 500 * time.Millisecond, SubscriberBuffer: 64, PingInterval: 500 * time.Millisecond,
 	}
 }
 
@@ -81,6 +82,7 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.Staleness, "federation-staleness", o.Staleness, "Remote endpoints whose data is older are not candidates; a silent peer is disconnected after this long.")
 	fs.DurationVar(&o.PublishInterval, "federation-publish-interval", o.PublishInterval, "How often local changes are sent to subscribers.")
 	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
+	fs.DurationVar(&o.PingInterval, "federation-ping-interval", o.PingInterval, "How often the round trip to each peer is measured (fleetinfer_epp_peer_rtt_seconds); the spill policy adds it to a remote endpoint's expected time to first token.")
 	fs.IntVar(&o.MaxEndpoints, "federation-max-endpoints-per-peer", o.MaxEndpoints, "Most endpoints accepted from one peer.")
 	fs.IntVar(&o.MaxMessageBytes, "federation-max-message-bytes", o.MaxMessageBytes, "Largest federation message accepted.")
 }
@@ -108,7 +110,7 @@ func (o *FederationOptions) Validate() error {
 	if o.Port <= 0 || o.Port > 65535 {
 		errs = append(errs, fmt.Errorf("--federation-port %d out of range", o.Port))
 	}
-	if o.Staleness <= 0 || o.PublishInterval <= 0 || o.Heartbeat <= 0 || o.Heartbeat >= o.Staleness {
+	if o.Staleness <= 0 || o.PublishInterval <= 0 || o.Heartbeat <= 0 || o.Heartbeat >= o.Staleness || o.PingInterval <= 0 {
 		errs = append(errs, errors.New("federation intervals must be positive, with the heartbeat shorter than the staleness bound"))
 	}
 	if o.MaxEndpoints <= 0 || o.MaxMessageBytes <= 0 {
@@ -162,7 +164,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		}),
 		subscriber: federation.NewSubscriber(federation.SubscriberOptions{
 			Cluster: o.Cluster, Pool: pool, DefaultMode: mode, Store: store, Credentials: creds, Limits: limits,
-			MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, SourceAddress: o.SourceAddress, Log: log,
+			MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, SourceAddress: o.SourceAddress, PingInterval: o.PingInterval, Log: log,
 		}),
 	}, nil
 }

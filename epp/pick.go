@@ -2,11 +2,16 @@ package epp
 
 import (
 	"context"
+	"time"
 
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
+	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/marks"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
 // pick is one request's scheduling outcome as fleetinfer needs it for
@@ -22,6 +27,12 @@ type pick struct {
 	// carried reports that the request arrived with mark headers, verified
 	// or not; they are removed unless the pick sets its own.
 	carried bool
+	// metered is the primary target's address while the meter counts the
+	// request in flight there, "" otherwise; picked is when it was picked,
+	// and local whether the target is a local pod.
+	metered string
+	picked  time.Time
+	local   bool
 }
 
 // pickKey is the context key of a request's *pick, the one piece of
@@ -62,19 +73,57 @@ func forRequest(ctx context.Context) bool { return pickOf(ctx) != nil }
 // configured ones; it is internal and not configurable.
 const pickRecorderType = "fleetinfer-pick-recorder"
 
-// pickRecorder records the primary profile's targets in the request's pick.
-type pickRecorder struct{}
+// pickRecorder records the primary profile's targets in the request's
+// pick, and the request's start and end at its primary target in the
+// spill policy's meter (nil: none).
+type pickRecorder struct {
+	meter *spill.Meter
+}
+
+var (
+	_ requestcontrol.PreRequest   = pickRecorder{}
+	_ requestcontrol.ResponseBody = pickRecorder{}
+)
 
 func (pickRecorder) TypedName() fwkplugin.TypedName {
 	return fwkplugin.TypedName{Type: pickRecorderType, Name: pickRecorderType}
 }
 
-func (pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
+func (r pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
 	p := pickOf(ctx)
 	if p == nil || result == nil {
 		return
 	}
-	if r := result.ProfileResults[result.PrimaryProfileName]; r != nil {
-		p.targets = r.TargetEndpoints
+	if pr := result.ProfileResults[result.PrimaryProfileName]; pr != nil {
+		p.targets = pr.TargetEndpoints
 	}
+	if r.meter == nil || len(p.targets) == 0 || p.metered != "" {
+		return
+	}
+	p.metered, p.picked = federation.PodAddress(p.targets[0].GetMetadata()), time.Now()
+	p.local = federation.OriginOf(p.targets[0]) == nil
+	r.meter.Started(p.metered)
+}
+
+// ResponseBody times a request that completed. GIE also calls it, with a
+// context of its own, for a request that ended otherwise; that one has no
+// pick, and extProcServer ends it in the meter without a time.
+func (r pickRecorder) ResponseBody(ctx context.Context, _ *fwksched.LLMRequest, resp *requestcontrol.Response, _ *fwkdl.EndpointMetadata) {
+	if p := pickOf(ctx); p != nil && resp != nil && resp.EndOfStream {
+		r.finish(p, true)
+	}
+}
+
+// finish ends p's request in the meter, as a sample of the pod's service
+// time when it completed on a local pod.
+func (r pickRecorder) finish(p *pick, completed bool) {
+	if r.meter == nil || p.metered == "" {
+		return
+	}
+	var took time.Duration
+	if completed && p.local {
+		took = time.Since(p.picked)
+	}
+	r.meter.Finished(p.metered, took)
+	p.metered = ""
 }

@@ -67,6 +67,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
 //go:embed default-config.yaml
@@ -85,24 +86,26 @@ type Runner struct {
 	// marker signs and verifies Parent-mode marks; built with the
 	// candidate lookup, before the ext-proc server; nil without federation.
 	marker *marker
+	// meter measures the pods this picker sends to, for the spill policy.
+	meter *spill.Meter
 }
 
 // NewRunner returns a runner whose flags are GIE's, fleetinfer's federation
 // flags and --kubeconfig, all on the global pflag command line (GIE's
 // runner parses that one too).
 func NewRunner() *Runner {
-	r := &Runner{fed: NewFederationOptions(), spill: &spillPolicy{}}
+	r := &Runner{fed: NewFederationOptions(), spill: &spillPolicy{}, meter: spill.NewMeter()}
 	r.gie = gierunner.New(gierunner.Delta{
 		ExecutableName:        "fleetinfer-epp",
 		DefaultConfig:         defaultConfig,
 		AddFlags:              r.addFlags,
 		ValidateFlags:         r.validateFlags,
 		RegisterPlugins:       func() { registerPlugins(r.spill) },
-		RequestControlPlugins: []fwkplugin.Plugin{pickRecorder{}},
+		RequestControlPlugins: []fwkplugin.Plugin{pickRecorder{meter: r.meter}},
 		Collectors:            metricCollectors(),
 		Candidates:            r.candidates,
 		ExtProcServer: func(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
-			return newExtProcServer(ds, gie, parser, r.marker)
+			return newExtProcServer(ds, gie, parser, r.marker, pickRecorder{meter: r.meter})
 		},
 	})
 	return r
@@ -142,7 +145,7 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 	if err != nil {
 		return nil, err
 	}
-	cands := &candidates{ds: p.Datastore, disableSubsetHint: p.Options.DisableEndpointSubsetFilter, now: time.Now,
+	cands := &candidates{ds: p.Datastore, meter: r.meter, disableSubsetHint: p.Options.DisableEndpointSubsetFilter, now: time.Now,
 		failOpen: poolFailOpen(p.Manager.GetClient(), p.Name, p.HasPool)}
 	if fed.store != nil {
 		cands.remote = fed.store
@@ -159,9 +162,10 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 
 // newExtProcServer is the ext-proc service around GIE's Director: GIE's
 // StreamingServer over the director wrapper, inside the stream wrapper
-// (director.go), both with the marker (nil without federation).
-func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker) extProcPb.ExternalProcessorServer {
-	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m}, parser), marker: m}
+// (director.go), both with the marker (nil without federation), and the
+// pick recorder that ends abandoned requests in the meter.
+func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker, rec pickRecorder) extProcPb.ExternalProcessorServer {
+	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m}, parser), marker: m, recorder: rec}
 }
 
 // poolFailOpen reads endpointPickerRef.failureMode from the InferencePool,

@@ -141,9 +141,16 @@ func writeDirectoryFile(t *testing.T, path string, peers ...fleetv1alpha1.Peer) 
 // subscribe runs a subscriber for cluster self following dir into a new store.
 func subscribe(t *testing.T, self string, creds *Credentials, dir *DirectoryFile) *Store {
 	t.Helper()
+	return subscribeWith(t, self, creds, dir, 0)
+}
+
+// subscribeWith is subscribe, measuring round trips every ping (0: never).
+func subscribeWith(t *testing.T, self string, creds *Credentials, dir *DirectoryFile, ping time.Duration) *Store {
+	t.Helper()
 	store := NewStore(time.Second)
 	sub := NewSubscriber(SubscriberOptions{Cluster: self, Pool: testPool, DefaultMode: fleetv1alpha1.FederationEndpoint, Store: store,
-		Credentials: creds, Limits: DefaultLimits, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Log: logr.Discard()})
+		Credentials: creds, Limits: DefaultLimits, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		PingInterval: ping, Log: logr.Discard()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sub.Run(ctx, dir) }()
