@@ -61,7 +61,7 @@ func main() {
 	flag.IntVar(&c.reps, "reps", 0, "repetitions of every run, instead of each scenario's own (results are medians)")
 	flag.IntVar(&c.maxTokens, "max-tokens", 16, "tokens per completion (ignore_eos)")
 	flag.DurationVar(&c.slo, "slo", time.Second, "TTFT objective for goodput")
-	flag.StringVar(&c.only, "scenario", "", "run only this scenario")
+	flag.StringVar(&c.only, "scenario", "", "run only these scenarios, comma-separated")
 	pols := flag.String("policies", strings.Join(policies, ","), "policies to run, comma-separated")
 	configFile := flag.String("fleetinfer-config", "", "EndpointPickerConfig file for fleetinfer's EPPs instead of the built-in one")
 	flag.IntVar(&c.maxInFlight, "max-in-flight", 512, "client bound on requests in flight")
@@ -201,7 +201,7 @@ func run(ctx context.Context, c config) error {
 		res.Clusters = append(res.Clusters, s.Name())
 	}
 	for si, sc := range scenarios {
-		if c.only != "" && sc.Name != c.only {
+		if c.only != "" && !slices.Contains(strings.Split(c.only, ","), sc.Name) {
 			continue
 		}
 		fmt.Printf("scenario %s (at %s)\n", sc.Name, time.Since(began).Round(time.Second))
