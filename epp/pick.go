@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
@@ -27,12 +29,13 @@ type pick struct {
 	// carried reports that the request arrived with mark headers, verified
 	// or not; they are removed unless the pick sets its own.
 	carried bool
-	// metered is the primary target's address while the meter counts the
-	// request in flight there, "" otherwise; picked is when it was picked,
-	// and local whether the target is a local pod.
-	metered string
-	picked  time.Time
-	local   bool
+	// metered is the primary target while the meter counts the request in
+	// flight there, metering whether it does; picked is when it was
+	// picked, and local whether the target is a local pod.
+	metered  types.NamespacedName
+	metering bool
+	picked   time.Time
+	local    bool
 }
 
 // pickKey is the context key of a request's *pick, the one piece of
@@ -97,10 +100,10 @@ func (r pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, re
 	if pr := result.ProfileResults[result.PrimaryProfileName]; pr != nil {
 		p.targets = pr.TargetEndpoints
 	}
-	if r.meter == nil || len(p.targets) == 0 || p.metered != "" {
+	if r.meter == nil || len(p.targets) == 0 || p.metering {
 		return
 	}
-	p.metered, p.picked = federation.PodAddress(p.targets[0].GetMetadata()), time.Now()
+	p.metered, p.metering, p.picked = p.targets[0].GetMetadata().NamespacedName, true, time.Now()
 	p.local = federation.OriginOf(p.targets[0]) == nil
 	r.meter.Started(p.metered)
 }
@@ -117,7 +120,7 @@ func (r pickRecorder) ResponseBody(ctx context.Context, _ *fwksched.LLMRequest, 
 // finish ends p's request in the meter, as a sample of the pod's service
 // time when it completed on a local pod.
 func (r pickRecorder) finish(p *pick, completed bool) {
-	if r.meter == nil || p.metered == "" {
+	if r.meter == nil || !p.metering {
 		return
 	}
 	var took time.Duration
@@ -125,5 +128,5 @@ func (r pickRecorder) finish(p *pick, completed bool) {
 		took = time.Since(p.picked)
 	}
 	r.meter.Finished(p.metered, took)
-	p.metered = ""
+	p.metering = false
 }

@@ -5,10 +5,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"k8s.io/apimachinery/pkg/types"
 )
 
-// Meter measures what the estimate needs of the pods this picker sends
-// requests to, by pod address (ip:port): the requests it has in flight to
+// Meter measures what the estimate needs of the endpoints this picker
+// sends requests to, by endpoint name (a remote endpoint's carries its
+// cluster): the requests it has in flight to
 // each, and, for local pods, how long requests take there and how many run
 // at once, whose quotient is the pod's service rate. It is safe for
 // concurrent use. A nil *Meter measures nothing: every pod then has no
@@ -19,7 +22,7 @@ import (
 // gateway), so the local measurements cover all of them.
 type Meter struct {
 	mu   sync.RWMutex
-	pods map[string]*podMeter
+	pods map[types.NamespacedName]*podMeter
 	// poolRate follows the local pods' measured rates (requests/s, as
 	// float64 bits): the prior for remote pods, which serve the same model.
 	poolRate atomic.Uint64
@@ -36,9 +39,9 @@ type podMeter struct {
 }
 
 // NewMeter returns a meter that has measured nothing yet.
-func NewMeter() *Meter { return &Meter{pods: map[string]*podMeter{}} }
+func NewMeter() *Meter { return &Meter{pods: map[types.NamespacedName]*podMeter{}} }
 
-func (m *Meter) pod(addr string) *podMeter {
+func (m *Meter) pod(addr types.NamespacedName) *podMeter {
 	m.mu.RLock()
 	p := m.pods[addr]
 	m.mu.RUnlock()
@@ -55,7 +58,7 @@ func (m *Meter) pod(addr string) *podMeter {
 }
 
 // lookup returns the pod's meter, nil when nothing was measured of it.
-func (m *Meter) lookup(addr string) *podMeter {
+func (m *Meter) lookup(addr types.NamespacedName) *podMeter {
 	if m == nil {
 		return nil
 	}
@@ -64,8 +67,8 @@ func (m *Meter) lookup(addr string) *podMeter {
 	return m.pods[addr]
 }
 
-// Started records a request sent to the pod at addr.
-func (m *Meter) Started(addr string) {
+// Started records a request sent to the endpoint addr.
+func (m *Meter) Started(addr types.NamespacedName) {
 	if m != nil {
 		m.pod(addr).inflight.Add(1)
 	}
@@ -75,7 +78,7 @@ func (m *Meter) Started(addr string) {
 // it took from the pick, 0 when it did not complete (an error, a request
 // the client gave up) or did not run on a local pod: such requests are no
 // sample of the pod's service time.
-func (m *Meter) Finished(addr string, took time.Duration) {
+func (m *Meter) Finished(addr types.NamespacedName, took time.Duration) {
 	if m == nil {
 		return
 	}

@@ -134,7 +134,9 @@ func (p *Policy) HasRoom(ep Endpoint) bool {
 //
 // The remote endpoints are read only when some peer's round trip leaves
 // room to win against the best local estimate, and each peer's view is
-// ordered by queue, so only its front, up to the queue cap, is read.
+// ordered by queue, so only its front is read: up to the queue cap, and
+// until the queue alone puts an endpoint past the local estimate or the
+// candidates already found.
 func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Meter) []fwkdl.Endpoint {
 	now := p.now()
 	best := p.bestLocal(local, now, m)
@@ -168,7 +170,13 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			if capped && (e.Updated.Before(roomSince) || e.KVCacheUsage() >= p.params.KVCacheUtilThreshold) {
 				continue
 			}
-			est := wait(e.Queue(), e.Running(), m.lookup(federation.PodAddress(e.Endpoint.GetMetadata())), poolRate) + rtt
+			// The view is ordered by queue: once the queue alone puts an
+			// endpoint past the bar, so it does every later one.
+			floor := wait(e.Queue(), 0, nil, poolRate) + rtt
+			if (capped && floor >= beat) || (len(top) == k && floor >= top[k-1].est) {
+				break
+			}
+			est := wait(e.Queue(), e.Running(), m.lookup(e.Endpoint.GetMetadata().NamespacedName), poolRate) + rtt
 			if capped && est >= beat {
 				continue
 			}
@@ -197,7 +205,7 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter) time
 		if mt == nil || now.Sub(mt.UpdateTime) > time.Duration(p.params.MetricsStalenessThreshold) {
 			continue
 		}
-		pm := m.lookup(federation.PodAddress(ep.GetMetadata()))
+		pm := m.lookup(ep.GetMetadata().NamespacedName)
 		rate := p.params.ServiceRate
 		if pm != nil {
 			pm.sawRunning(mt.RunningRequestsSize)

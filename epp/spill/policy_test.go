@@ -94,12 +94,11 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		age              time.Duration
 	}
 	fresh, stale := 10*time.Millisecond, 1500*time.Millisecond
-	addr := func(name string) string { return "10.0.0." + fmt.Sprint(len(name)) + ":" + name }
+	addr := func(name string) types.NamespacedName { return types.NamespacedName{Name: name} }
 	endpoint := func(p pod) *fwkdl.ModelServer {
 		m := fwkdl.NewMetrics()
 		m.WaitingQueueSize, m.RunningRequestsSize, m.UpdateTime = p.waiting, p.running, now.Add(-p.age)
-		host, port, _ := strings.Cut(addr(p.name), ":")
-		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: p.name}, Address: host, Port: port}, m)
+		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: addr(p.name)}, m)
 	}
 	peer := func(cluster string, rtt time.Duration, pods ...pod) *federation.View {
 		o := &federation.Origin{Cluster: cluster, RoundTrip: &federation.RoundTrip{}}
@@ -171,6 +170,9 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "no local endpoints: the same",
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh}, pod{"w-q7", 7, 0, fresh})}, want: "w-q7,w-q9"},
 		{name: "no peers", local: []pod{{"l", 9, 4, fresh}}, want: ""},
+		{name: "a longer queue with fewer running still ranks by its estimate", edit: func(p *Params) { p.MaxRemoteCandidates = 1; p.QueueDepthThreshold = 5 },
+			local: []pod{{"l", 9, 4, fresh}}, // 1.3 s
+			peers: []*federation.View{peer("w", 0, pod{"w-q0-r4", 0, 4, fresh}, pod{"w-q1-r0", 1, 0, fresh})}, want: "w-q1-r0"}, // 400 and 100 ms
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			policy := testPolicy(t, tc.edit)
@@ -198,35 +200,36 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 }
 
 func TestMeterCountsInFlightAndTimesCompletedRequestsOnly(t *testing.T) {
+	a := types.NamespacedName{Name: "a"}
 	m := NewMeter()
-	m.Started("a")
-	m.Started("a")
-	m.Finished("a", 0) // did not complete: no sample
-	if p := m.lookup("a"); p.inflight.Load() != 1 || p.service.Load() != 0 {
+	m.Started(a)
+	m.Started(a)
+	m.Finished(a, 0) // did not complete: no sample
+	if p := m.lookup(a); p.inflight.Load() != 1 || p.service.Load() != 0 {
 		t.Fatalf("in flight %d, service %v; want 1 and none", p.inflight.Load(), p.service.Load())
 	}
 	if _, ok := m.PoolRate(); ok {
 		t.Fatal("pool rate without a sample")
 	}
-	m.pod("a").sawRunning(4)
-	m.pod("a").sawRunning(2)
-	m.Finished("a", 200*time.Millisecond)
-	if r, ok := m.lookup("a").rate(); !ok || r != 20 {
+	m.pod(a).sawRunning(4)
+	m.pod(a).sawRunning(2)
+	m.Finished(a, 200*time.Millisecond)
+	if r, ok := m.lookup(a).rate(); !ok || r != 20 {
 		t.Fatalf("rate %v, want 4 running over 200 ms = 20/s", r)
 	}
 	if r, _ := m.PoolRate(); r != 20 {
 		t.Fatalf("pool rate %v, want 20", r)
 	}
 	// Each sample moves the service time a fifth of the way.
-	m.Started("a")
-	m.Finished("a", 700*time.Millisecond)
-	if got := time.Duration(m.lookup("a").service.Load()); got != 300*time.Millisecond {
+	m.Started(a)
+	m.Finished(a, 700*time.Millisecond)
+	if got := time.Duration(m.lookup(a).service.Load()); got != 300*time.Millisecond {
 		t.Fatalf("service time %v, want 300ms", got)
 	}
 	var nilMeter *Meter
-	nilMeter.Started("a")
-	nilMeter.Finished("a", time.Second)
-	if nilMeter.lookup("a") != nil {
+	nilMeter.Started(a)
+	nilMeter.Finished(a, time.Second)
+	if nilMeter.lookup(a) != nil {
 		t.Fatal("a nil meter measured")
 	}
 }
