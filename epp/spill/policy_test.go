@@ -171,7 +171,7 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh}, pod{"w-q7", 7, 0, fresh})}, want: "w-q7,w-q9"},
 		{name: "no peers", local: []pod{{"l", 9, 4, fresh}}, want: ""},
 		{name: "a longer queue with fewer running still ranks by its estimate", edit: func(p *Params) { p.MaxRemoteCandidates = 1; p.QueueDepthThreshold = 5 },
-			local: []pod{{"l", 9, 4, fresh}}, // 1.3 s
+			local: []pod{{"l", 9, 4, fresh}},                                                                                    // 1.3 s
 			peers: []*federation.View{peer("w", 0, pod{"w-q0-r4", 0, 4, fresh}, pod{"w-q1-r0", 1, 0, fresh})}, want: "w-q1-r0"}, // 400 and 100 ms
 	} {
 		t.Run(tc.name, func(t *testing.T) {
