@@ -348,11 +348,11 @@ var policyNotes = map[string]string{
 func (r *results) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Routing benchmark: five policies, %d scenarios, three clusters apart\n\n", len(r.Scenarios))
-	fmt.Fprintf(&b, "Written by `make bench-routing` (`go run ./bench/routing -out bench/results -stock-epp bin/gie-epp`, bench/routing) on %s, started %s, in %s "+
+	fmt.Fprintf(&b, "Written by `go run ./bench/routing %s` (bench/routing; `make bench-routing` runs it with `-out bench/results -stock-epp bin/gie-epp`) on %s, started %s, in %s "+
 		"(fleet start-up %s). The machine's 1-minute load average was %.1f at the start and %.1f at the end (2 cores, shared with other work: "+
 		"compare policies within a scenario, which ran back to back, rather than absolute figures). Each scenario states its repetitions; figures are medians over them, "+
 		"and each repetition starts with the next policy in turn.\n\n",
-		r.Machine, r.Started, r.Duration, r.FleetStartup, r.LoadAverage[0], r.LoadAverage[1])
+		strings.Join(os.Args[1:], " "), r.Machine, r.Started, r.Duration, r.FleetStartup, r.LoadAverage[0], r.LoadAverage[1])
 	b.WriteString("## Setup\n\n")
 	if w := r.WAN; w != nil {
 		var links []string
