@@ -36,7 +36,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build test unit e2e demo vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
+.PHONY: all tools build test chaos unit e2e demo vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
 
 all: build
 
@@ -86,6 +86,10 @@ build: ## Build fleetinfer's binaries into bin/.
 test: tools build vet verify-generated verify-layering fuzz ## Build everything and run every test.
 	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
 
+chaos: tools build ## The hub's fault suite at full length (2-min cordon and black hole, 20 leader kills, ...), then the steady-state test; FAULT lines give the figures.
+	FLEETINFER_CHAOS=1 go test -timeout $(TEST_TIMEOUT) -count=1 -v ./e2e -run '^(TestFault.*|TestASecondHubOnTheSameSpokesLeavesTheFirstHubsCopiesAlone|TestHubMovesTheReplicasOfACopyStuckPendingForGPUs|TestHubSteadyStateMakesNoWrites)$$' \
+		| tee chaos.log | grep -E '^(FAULT|--- |ok|FAIL|PASS)'
+
 bench: bench-epp bench-hub bench-routing ## Run the benchmarks; results in bench/results/.
 
 bench-epp: tools build ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (100 pods); bench/results/epp.{json,md,svg}.
@@ -122,6 +126,7 @@ generate: $(CONTROLLER_GEN) $(PROTOGEN) ## Generate deepcopy code and the EPP fe
 
 fuzz: ## Run each fuzz test for FUZZTIME (default 5s) on top of its committed corpus.
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzDecodeAndApply$$' -fuzztime $(FUZZTIME)
+	go test ./epp/federation -run '^$$' -fuzz '^FuzzMessageSequence$$' -fuzztime $(FUZZTIME)
 	go test ./epp -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime $(FUZZTIME)
 
 verify-generated: ## Fail when `make manifests generate` would change a file.

@@ -181,7 +181,8 @@ func decide(t *testing.T, pl *clusterv1beta1.Placement, clusters ...string) {
 		}); err != nil {
 			return err
 		}
-		pd.Status.Decisions = nil
+		// Never null: the CRD requires the list, empty or not.
+		pd.Status.Decisions = []clusterv1beta1.ClusterDecision{}
 		for _, c := range clusters {
 			pd.Status.Decisions = append(pd.Status.Decisions, clusterv1beta1.ClusterDecision{ClusterName: c, Reason: "chosen by the test"})
 		}

@@ -19,9 +19,10 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
-// readyPods are the UIDs of a service's Ready pods in a cluster.
+// readyPods are the UIDs of a service's Ready model-server pods (its
+// workload's, not its endpoint picker's) in a cluster.
 func readyPods(ctx context.Context, c *fleet.Cluster, ns, name string) (map[types.UID]bool, error) {
-	pods, err := podsOf(ctx, c, ns, map[string]string{"app.kubernetes.io/name": name})
+	pods, err := podsOf(ctx, c, ns, map[string]string{"app.kubernetes.io/name": name, v1alpha2.LabelComponent: v1alpha2.ComponentWorkload})
 	if err != nil {
 		return nil, err
 	}

@@ -21,6 +21,10 @@ import (
 // take several seconds to start, so tests isolate themselves by namespace.
 var fl *fleet.Fleet
 
+// orphanGrace is the suite hub's --orphan-grace-period: shorter than the
+// default 2 minutes so that the partition fault case fits the suite.
+const orphanGrace = 20 * time.Second
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -35,8 +39,10 @@ func run(m *testing.M) int {
 	// The gateways run controller-runtime caches in this process.
 	ctrllog.SetLogger(log)
 	var err error
-	fl, err = fleet.Start(ctx, fleet.Options{Spokes: fleet.DefaultSpokes(), Log: log,
-		HubArgs: []string{"--federation-ca-rotation-overlap=" + hubCAOverlap.String()}})
+	// Two hub replicas elect a leader, as the install manifests' do, so
+	// that the fault tests can kill the leader.
+	fl, err = fleet.Start(ctx, fleet.Options{Spokes: fleet.DefaultSpokes(), Log: log, HubReplicas: 2,
+		HubArgs: []string{"--federation-ca-rotation-overlap=" + hubCAOverlap.String(), "--orphan-grace-period=" + orphanGrace.String()}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "local fleet did not start:", err)
 		if fl != nil {

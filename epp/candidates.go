@@ -10,6 +10,7 @@ import (
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
@@ -51,7 +52,10 @@ type candidates struct {
 	// the spill policy's estimate.
 	meter *spill.Meter
 	// failOpen reports the pool's failureMode.
-	failOpen          func(ctx context.Context) bool
+	failOpen func(ctx context.Context) bool
+	// crossings leaves out the remote clusters a request may not cross to
+	// now (share, breaker); nil admits every one.
+	crossings         *crossing.Gate
 	disableSubsetHint bool
 	now               func() time.Time
 }
@@ -81,6 +85,13 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 	}
 	now := c.now()
 	remote := c.remote.Remote(now)
+	// The gate leaves out the clusters a request may not cross to now,
+	// before the spill policy estimates the rest. Requests' lookups only:
+	// the gate counts what it holds back and lets an open breaker's probe
+	// through, neither of which a flow-control saturation probe is.
+	if forRequest(ctx) {
+		remote.Peers = c.crossings.Admitted(remote.Peers, now)
+	}
 	if c.spill == nil {
 		c.observeLag(ctx, remote, now)
 		return remote.AppendFresh(local)

@@ -3,16 +3,35 @@ package epp
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extProcPb "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
+
+// responseStatus is the :status of response headers, 0 when absent.
+func responseStatus(h *corev3.HeaderMap) int {
+	for _, hv := range h.GetHeaders() {
+		if hv.GetKey() == ":status" {
+			v := hv.GetRawValue()
+			if len(v) == 0 {
+				v = []byte(hv.GetValue())
+			}
+			n, _ := strconv.Atoi(string(v))
+			return n
+		}
+	}
+	return 0
+}
 
 // The request path around GIE's Director, for remote picks: the stream
 // wrapper verifies the Parent-mode marks a request arrives with (which keep
@@ -26,7 +45,8 @@ import (
 // the signed marks. Endpoint-mode and local targets keep their ip:port.
 type director struct {
 	handlers.Director
-	marker *marker
+	marker    *marker
+	crossings *crossing.Gate
 }
 
 func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestContext) (*handlers.RequestContext, error) {
@@ -35,12 +55,12 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	if err != nil || p == nil || len(p.targets) == 0 {
 		return rc, err
 	}
-	primary := federation.OriginOf(p.targets[0])
-	if primary == nil {
+	if p.crossed == "" {
 		localPicks.Inc()
 	} else {
-		picks.WithLabelValues("remote", primary.Cluster).Inc()
+		picks.WithLabelValues("remote", p.crossed).Inc()
 	}
+	d.crossings.Picked(p.crossed, p.pickedAt)
 	parent := slices.ContainsFunc(p.targets, func(t fwksched.Endpoint) bool {
 		o := federation.OriginOf(t)
 		return o != nil && o.Mode == fleetv1alpha1.FederationParent
@@ -78,23 +98,33 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 // request-headers response carries a Parent-mode pick's marks.
 type extProcServer struct {
 	extProcPb.UnimplementedExternalProcessorServer
-	inner    extProcPb.ExternalProcessorServer
-	marker   *marker
-	recorder pickRecorder
+	inner     extProcPb.ExternalProcessorServer
+	marker    *marker
+	crossings *crossing.Gate
+	recorder  pickRecorder
 }
 
 func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer) error {
-	ctx := withPick(stream.Context())
+	ms := &markingStream{ExternalProcessor_ProcessServer: stream, ctx: withPick(stream.Context()), marker: s.marker, crossings: s.crossings}
+	err := s.inner.Process(ms)
+	p := pickOf(ms.ctx)
 	// A request that did not complete (an error, a client that went away)
 	// still leaves the meter's count of requests in flight.
-	defer s.recorder.finish(pickOf(ctx), false)
-	return s.inner.Process(&markingStream{ExternalProcessor_ProcessServer: stream, ctx: ctx, marker: s.marker})
+	s.recorder.finish(p, false)
+	// A crossed request whose stream ends before its response headers came
+	// back got no response: a failure of the crossing (or a client that
+	// gave up, which cannot be told apart here).
+	if p.crossed != "" && !p.observed {
+		s.crossings.Observe(p.crossed, true, time.Since(p.pickedAt), time.Now())
+	}
+	return err
 }
 
 type markingStream struct {
 	extProcPb.ExternalProcessor_ProcessServer
-	ctx    context.Context
-	marker *marker
+	ctx       context.Context
+	marker    *marker
+	crossings *crossing.Gate
 }
 
 func (s *markingStream) Context() context.Context { return s.ctx }
@@ -104,6 +134,12 @@ func (s *markingStream) Recv() (*extProcPb.ProcessingRequest, error) {
 	if h := req.GetRequestHeaders(); err == nil && h != nil {
 		if p := pickOf(s.ctx); p != nil {
 			s.marker.read(s.ctx, h.GetHeaders(), p)
+		}
+	}
+	if h := req.GetResponseHeaders(); err == nil && h != nil {
+		if p := pickOf(s.ctx); p.crossed != "" && !p.observed {
+			p.observed = true
+			s.crossings.Observe(p.crossed, responseStatus(h.GetHeaders()) >= 500, time.Since(p.pickedAt), time.Now())
 		}
 	}
 	return req, err

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
@@ -123,6 +124,8 @@ dataLayer: {sources: []}
 type harness struct {
 	server   extProcPb.ExternalProcessorServer
 	failOpen bool
+	// crossings is the crossing gate (newGatedHarness), nil without.
+	crossings *crossing.Gate
 }
 
 func newHarness(t testing.TB, local, remote []fwkdl.Endpoint) *harness {
@@ -132,11 +135,17 @@ func newHarness(t testing.TB, local, remote []fwkdl.Endpoint) *harness {
 
 func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoints, config string) *harness {
 	t.Helper()
+	return newGatedHarness(t, local, remote, config, nil)
+}
+
+// newGatedHarness is newHarnessConfig with a crossing gate.
+func newGatedHarness(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoints, config string, g *crossing.Gate) *harness {
+	t.Helper()
 	policy, handle, cfg := loadFleetinferConfig(t, config)
 	ds := &fakeDatastore{local: local}
-	h := &harness{}
+	h := &harness{crossings: g}
 	rec := pickRecorder{meter: spill.NewMeter()}
-	cands := &candidates{ds: ds, remote: remote, spill: policy, meter: rec.meter,
+	cands := &candidates{ds: ds, remote: remote, spill: policy, meter: rec.meter, crossings: g,
 		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
 	rc := requestcontrol.NewConfig()
 	rc.AddPlugins(rec)
@@ -144,7 +153,7 @@ func newHarnessConfig(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoin
 	parser := handlers.NewParser(cfg.ParserConfig)
 	gie := requestcontrol.NewDirectorWithConfig(ds, scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig),
 		requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, cands), parser, cands, rc)
-	h.server = newExtProcServer(ds, gie, parser, testMarker(t), rec)
+	h.server = newExtProcServer(ds, gie, parser, testMarker(t), h.crossings, rec)
 	return h
 }
 

@@ -3,6 +3,7 @@ package epp
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
 
@@ -35,5 +36,5 @@ var (
 // metricCollectors returns every fleetinfer EPP metric: the federation's and the
 // request path's.
 func metricCollectors() []prometheus.Collector {
-	return append(federation.Collectors(), picks, subsetHints, parentMarks)
+	return append(append(federation.Collectors(), crossing.Collectors()...), picks, subsetHints, parentMarks)
 }

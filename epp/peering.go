@@ -14,14 +14,13 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
@@ -43,6 +42,8 @@ type FederationOptions struct {
 	Heartbeat        time.Duration
 	MaxEndpoints     int
 	MaxMessageBytes  int
+	MaxMessageRate   int
+	MaxByteRate      int
 	ReloadInterval   time.Duration
 	MinBackoff       time.Duration
 	MaxBackoff       time.Duration
@@ -50,6 +51,11 @@ type FederationOptions struct {
 	SubscriberBuffer int
 	SourceAddress    string
 	PingInterval     time.Duration
+	AllowLoopback    bool
+	MaxRemoteShare   float64
+	BreakerFailures  int
+	BreakerOpen      time.Duration
+	BreakerSlow      time.Duration
 }
 
 // maxReconnectBackoff caps the wait between a peer's reconnects. A reconnect
@@ -64,8 +70,11 @@ func NewFederationOptions() *FederationOptions {
 		Port: fleetv1alpha1.FederationPort, Mode: string(fleetv1alpha1.FederationEndpoint), Staleness: 2 * time.Second,
 		PublishInterval: 50 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
 		MaxEndpoints: federation.DefaultLimits.MaxEndpoints, MaxMessageBytes: federation.DefaultLimits.MaxMessageBytes,
+		MaxMessageRate: federation.DefaultLimits.MaxMessagesPerSecond, MaxByteRate: federation.DefaultLimits.MaxBytesPerSecond,
 		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: maxReconnectBackoff,
 		LaggingAfter: 500 * time.Millisecond, SubscriberBuffer: 64, PingInterval: 500 * time.Millisecond,
+		MaxRemoteShare: crossing.DefaultOptions.MaxShare, BreakerFailures: crossing.DefaultOptions.Failures,
+		BreakerOpen: crossing.DefaultOptions.Open, BreakerSlow: crossing.DefaultOptions.SlowAfter,
 	}
 }
 
@@ -84,7 +93,14 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
 	fs.DurationVar(&o.PingInterval, "federation-ping-interval", o.PingInterval, "How often the round trip to each peer is measured (fleetinfer_epp_peer_rtt_seconds); the spill policy adds it to a remote endpoint's expected time to first token.")
 	fs.IntVar(&o.MaxEndpoints, "federation-max-endpoints-per-peer", o.MaxEndpoints, "Most endpoints accepted from one peer.")
-	fs.IntVar(&o.MaxMessageBytes, "federation-max-message-bytes", o.MaxMessageBytes, "Largest federation message accepted.")
+	fs.BoolVar(&o.AllowLoopback, fleetv1alpha1.FlagFederationAllowLoopback, o.AllowLoopback, "Admit peers' endpoints at loopback addresses (only for a fleet that lives on loopback, as the local fleet does); each peer's address ranges still apply.")
+	fs.Float64Var(&o.MaxRemoteShare, "federation-max-remote-share", o.MaxRemoteShare, "Largest share of picks (over 10 s, once 20 picks were made) one remote cluster may take; 1 does not bound.")
+	fs.IntVar(&o.BreakerFailures, "federation-breaker-failures", o.BreakerFailures, "Crossed requests to a cluster that fail in a row (5xx, no response, or slower than --federation-breaker-slow) before no request crosses to it for --federation-breaker-open; then one probes.")
+	fs.DurationVar(&o.BreakerOpen, "federation-breaker-open", o.BreakerOpen, "How long a cluster's circuit breaker stays open before a request probes it.")
+	fs.DurationVar(&o.BreakerSlow, "federation-breaker-slow", o.BreakerSlow, "A crossed request whose response headers take longer counts as failed; 0 judges errors only.")
+	fs.IntVar(&o.MaxMessageBytes, "federation-max-message-bytes", o.MaxMessageBytes, "Largest federation message accepted; what a peer's endpoints may take in all, and what this EPP publishes fits it.")
+	fs.IntVar(&o.MaxMessageRate, "federation-max-messages-per-second", o.MaxMessageRate, "Most messages a second read from one peer (bursts of twice that); a faster peer's stream is closed. 0: no bound.")
+	fs.IntVar(&o.MaxByteRate, "federation-max-bytes-per-second", o.MaxByteRate, "Most bytes a second read from one peer (bursts of one more message); a faster peer's stream is closed. 0: no bound.")
 }
 
 // Validate checks the flags.
@@ -113,10 +129,20 @@ func (o *FederationOptions) Validate() error {
 	if o.Staleness <= 0 || o.PublishInterval <= 0 || o.Heartbeat <= 0 || o.Heartbeat >= o.Staleness || o.PingInterval <= 0 {
 		errs = append(errs, errors.New("federation intervals must be positive, with the heartbeat shorter than the staleness bound"))
 	}
-	if o.MaxEndpoints <= 0 || o.MaxMessageBytes <= 0 {
-		errs = append(errs, errors.New("federation limits must be positive"))
+	if o.MaxRemoteShare <= 0 || o.MaxRemoteShare > 1 || o.BreakerFailures <= 0 || o.BreakerOpen <= 0 || o.BreakerSlow < 0 {
+		errs = append(errs, errors.New("--federation-max-remote-share must be in (0, 1], the breaker's failures and open time positive"))
+	}
+	if o.MaxEndpoints <= 0 || o.MaxMessageBytes <= 0 || o.MaxMessageRate < 0 || o.MaxByteRate < 0 {
+		errs = append(errs, errors.New("federation limits must be positive (rates may be 0: no bound)"))
 	}
 	return errors.Join(errs...)
+}
+
+// crossingOptions are the crossing gate's options from the flags.
+func (o *FederationOptions) crossingOptions() crossing.Options {
+	opts := crossing.DefaultOptions
+	opts.MaxShare, opts.Failures, opts.Open, opts.SlowAfter = o.MaxRemoteShare, o.BreakerFailures, o.BreakerOpen, o.BreakerSlow
+	return opts
 }
 
 // federationParts are the running pieces; all nil when federation is off.
@@ -153,18 +179,20 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 	if err != nil {
 		return nil, err
 	}
-	limits := federation.Limits{MaxMessageBytes: o.MaxMessageBytes, MaxEndpoints: o.MaxEndpoints}
+	limits := federation.Limits{MaxMessageBytes: o.MaxMessageBytes, MaxEndpoints: o.MaxEndpoints,
+		MaxMessagesPerSecond: o.MaxMessageRate, MaxBytesPerSecond: o.MaxByteRate}
 	store := federation.NewStore(o.Staleness)
 	return &federationParts{
 		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool,
 		publisher: federation.NewPublisher(federation.PublisherOptions{
 			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
 			Interval: o.PublishInterval, Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,
-			Authorize: federation.Authorize(dir, pool, o.Cluster), Buffer: o.SubscriberBuffer, Log: log,
+			Authorize: federation.Authorize(dir, pool, o.Cluster), Roots: creds.Roots, Buffer: o.SubscriberBuffer, Limits: limits, Log: log,
 		}),
 		subscriber: federation.NewSubscriber(federation.SubscriberOptions{
 			Cluster: o.Cluster, Pool: pool, DefaultMode: mode, Store: store, Credentials: creds, Limits: limits,
-			MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, SourceAddress: o.SourceAddress, PingInterval: o.PingInterval, Log: log,
+			Destinations: federation.Destinations{AllowLoopback: o.AllowLoopback},
+			MinBackoff:   o.MinBackoff, MaxBackoff: o.MaxBackoff, SourceAddress: o.SourceAddress, PingInterval: o.PingInterval, Log: log,
 		}),
 	}, nil
 }
@@ -175,16 +203,18 @@ func (f *federationParts) addTo(mgr manager.Manager) error {
 	if f.store == nil {
 		return nil
 	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(f.creds.ServerConfig())),
-		// Subscribers ping to notice dead connections; allow it.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxConcurrentStreams(1000))
+	srv := grpc.NewServer(federation.ServerOptions(f.creds)...)
 	federationv1.RegisterFederationServer(srv, f.publisher)
 	for _, r := range []manager.Runnable{
 		gierunner.NoLeaderElection(gierunner.GRPCServer("federation", srv, f.port)),
 		runFunc(f.publisher.Run),
 		runFunc(func(ctx context.Context) error { return f.subscriber.Run(ctx, f.dir) }),
 		runFunc(f.dir.Run),
+		runFunc(func(ctx context.Context) error {
+			// Expired certificates are looked for every minute.
+			f.publisher.ReauthorizeOn(ctx, time.Minute, f.dir.Changed(), f.creds.Changed())
+			return nil
+		}),
 		runFunc(func(ctx context.Context) error { f.creds.Run(ctx, f.reload); return nil }),
 	} {
 		if err := mgr.Add(r); err != nil {

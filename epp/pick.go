@@ -29,13 +29,16 @@ type pick struct {
 	// carried reports that the request arrived with mark headers, verified
 	// or not; they are removed unless the pick sets its own.
 	carried bool
+	// crossed is the remote cluster of the primary target, "" for a local
+	// pick, picked at pickedAt; observed reports that its outcome was
+	// given to the crossing gate.
+	crossed  string
+	pickedAt time.Time
+	observed bool
 	// metered is the primary target while the meter counts the request in
-	// flight there, metering whether it does; picked is when it was
-	// picked, and local whether the target is a local pod.
+	// flight there, metering whether it does.
 	metered  types.NamespacedName
 	metering bool
-	picked   time.Time
-	local    bool
 }
 
 // pickKey is the context key of a request's *pick, the one piece of
@@ -47,8 +50,9 @@ type pick struct {
 //
 //   - markingStream, on the request headers, writes the verified mark;
 //   - candidates reads the mark, and asks forRequest whether there is a pick;
-//   - pickRecorder (a PreRequest plugin) writes the targets;
-//   - director reads the targets and writes the marks;
+//   - pickRecorder (a PreRequest plugin) writes the targets, pickedAt and
+//     crossed, and starts the request in the meter;
+//   - director reads them, tells the crossing gate, and writes the marks;
 //   - markingStream reads the marks into the request-headers response.
 //
 // A context without a *pick is not a request's: flow control's dispatch
@@ -77,8 +81,9 @@ func forRequest(ctx context.Context) bool { return pickOf(ctx) != nil }
 const pickRecorderType = "fleetinfer-pick-recorder"
 
 // pickRecorder records the primary profile's targets in the request's
-// pick, and the request's start and end at its primary target in the
-// spill policy's meter (nil: none).
+// pick, with when it was picked and the primary target's cluster, and the
+// request's start and end at its primary target in the spill policy's
+// meter (nil: none).
 type pickRecorder struct {
 	meter *spill.Meter
 }
@@ -100,11 +105,17 @@ func (r pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, re
 	if pr := result.ProfileResults[result.PrimaryProfileName]; pr != nil {
 		p.targets = pr.TargetEndpoints
 	}
-	if r.meter == nil || len(p.targets) == 0 || p.metering {
+	if len(p.targets) == 0 {
 		return
 	}
-	p.metered, p.metering, p.picked = p.targets[0].GetMetadata().NamespacedName, true, time.Now()
-	p.local = federation.OriginOf(p.targets[0]) == nil
+	p.pickedAt, p.crossed = time.Now(), ""
+	if o := federation.OriginOf(p.targets[0]); o != nil {
+		p.crossed = o.Cluster
+	}
+	if r.meter == nil || p.metering {
+		return
+	}
+	p.metered, p.metering = p.targets[0].GetMetadata().NamespacedName, true
 	r.meter.Started(p.metered)
 }
 
@@ -124,8 +135,8 @@ func (r pickRecorder) finish(p *pick, completed bool) {
 		return
 	}
 	var took time.Duration
-	if completed && p.local {
-		took = time.Since(p.picked)
+	if completed && p.crossed == "" {
+		took = time.Since(p.pickedAt)
 	}
 	r.meter.Finished(p.metered, took)
 	p.metering = false

@@ -182,7 +182,7 @@ func federatedStore(b *testing.B, peers, perPeer int) *federation.Store {
 	store := federation.NewStore(time.Hour)
 	sub := federation.NewSubscriber(federation.SubscriberOptions{Cluster: "local", Pool: pool, DefaultMode: fleetv1alpha1.FederationEndpoint,
 		Store: store, Credentials: creds("local"), Limits: federation.DefaultLimits,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, Log: logr.Discard()})
+		Destinations: federation.Destinations{AllowLoopback: true}, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, Log: logr.Discard()})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sub.Run(ctx, df) }()
 	b.Cleanup(func() { cancel(); <-done })

@@ -66,6 +66,7 @@ import (
 	fwkrh "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requesthandling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 
+	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
@@ -88,6 +89,9 @@ type Runner struct {
 	marker *marker
 	// meter measures the pods this picker sends to, for the spill policy.
 	meter *spill.Meter
+	// crossings bounds each remote cluster's share of picks and breaks
+	// crossings to failing ones; built with marker, nil without federation.
+	crossings *crossing.Gate
 }
 
 // NewRunner returns a runner whose flags are GIE's, fleetinfer's federation
@@ -105,7 +109,7 @@ func NewRunner() *Runner {
 		Collectors:            metricCollectors(),
 		Candidates:            r.candidates,
 		ExtProcServer: func(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
-			return newExtProcServer(ds, gie, parser, r.marker, pickRecorder{meter: r.meter})
+			return newExtProcServer(ds, gie, parser, r.marker, r.crossings, pickRecorder{meter: r.meter})
 		},
 	})
 	return r
@@ -150,6 +154,8 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 	if fed.store != nil {
 		cands.remote = fed.store
 		r.marker = fed.marker()
+		r.crossings = crossing.New(r.fed.crossingOptions())
+		cands.crossings = r.crossings
 	}
 	if cands.spill, err = r.spill.get(); err != nil {
 		return nil, err
@@ -162,10 +168,11 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 
 // newExtProcServer is the ext-proc service around GIE's Director: GIE's
 // StreamingServer over the director wrapper, inside the stream wrapper
-// (director.go), both with the marker (nil without federation), and the
-// pick recorder that ends abandoned requests in the meter.
-func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker, rec pickRecorder) extProcPb.ExternalProcessorServer {
-	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m}, parser), marker: m, recorder: rec}
+// (director.go), both with the marker and the crossing gate (nil without
+// federation), and the pick recorder that ends abandoned requests in the
+// meter.
+func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker, g *crossing.Gate, rec pickRecorder) extProcPb.ExternalProcessorServer {
+	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m, crossings: g}, parser), marker: m, crossings: g, recorder: rec}
 }
 
 // poolFailOpen reads endpointPickerRef.failureMode from the InferencePool,

@@ -139,7 +139,8 @@ func run(ctx context.Context, c config) error {
 		{name: "gie-stock", binary: c.stock},
 		{name: "fleetinfer", binary: c.epp, federated: c.peers * c.perPeer, args: []string{
 			"--federation-cluster=local", "--federation-peers-file=" + peersFile, "--federation-port=" + portString(fedPort),
-			"--federation-cert-file=" + tls.Cert, "--federation-key-file=" + tls.Key, "--federation-ca-file=" + tls.CA}},
+			"--federation-cert-file=" + tls.Cert, "--federation-key-file=" + tls.Key, "--federation-ca-file=" + tls.CA,
+			"--federation-allow-loopback"}},
 	}
 	if c.profile != "" {
 		return profilePhases(ctx, c, variants, cp.AdminKubeconfig(), servers, dir, c.profile, reg)

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/netip"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/proto"
 
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
@@ -19,13 +20,36 @@ type Limits struct {
 	MaxMessageBytes int
 	// MaxEndpoints bounds the endpoints held for one peer.
 	MaxEndpoints int
+	// MaxMessagesPerSecond and MaxBytesPerSecond bound the rate at which a
+	// peer's stream is read, with bursts of twice the messages and of a
+	// full message on top of the bytes; a peer that sends faster breaks the
+	// protocol. Zero does not bound.
+	MaxMessagesPerSecond int
+	MaxBytesPerSecond    int
 }
 
 // DefaultLimits allow a peer 4,096 endpoints in messages of at most 4 MiB; a
 // full snapshot of 4,096 endpoints with a dozen labels each is about 1.5 MiB.
-var DefaultLimits = Limits{MaxMessageBytes: 4 << 20, MaxEndpoints: 4096}
+// A publisher sends 20 messages a second (--federation-publish-interval), a
+// few KiB each in steady state.
+var DefaultLimits = Limits{MaxMessageBytes: 4 << 20, MaxEndpoints: 4096, MaxMessagesPerSecond: 100, MaxBytesPerSecond: 8 << 20}
 
-// Per-endpoint bounds, from Kubernetes' own limits where one exists.
+// rateLimiters return the limiters of a stream's messages and bytes; nil
+// where Limits do not bound.
+func (l Limits) rateLimiters() (messages, bytes *rate.Limiter) {
+	if l.MaxMessagesPerSecond > 0 {
+		messages = rate.NewLimiter(rate.Limit(l.MaxMessagesPerSecond), 2*l.MaxMessagesPerSecond)
+	}
+	if l.MaxBytesPerSecond > 0 {
+		bytes = rate.NewLimiter(rate.Limit(l.MaxBytesPerSecond), l.MaxBytesPerSecond+l.MaxMessageBytes)
+	}
+	return messages, bytes
+}
+
+// Per-endpoint bounds, from Kubernetes' own limits where one exists. They
+// are shared: the decoder refuses a message that breaks them, the publisher
+// leaves out what would (publishable, adapters), so that one odd pod costs
+// its own endpoint rather than the whole pool's stream.
 const (
 	maxNameLen       = 253 // DNS subdomain
 	maxLabels        = 64
@@ -85,10 +109,30 @@ func ValidateUpdate(u *federationv1.Update, limits Limits) error {
 	return nil
 }
 
+// checkNamesAndLabels checks an endpoint's names and labels against the
+// per-endpoint bounds.
+func checkNamesAndLabels(name, podName string, labels map[string]string) error {
+	if name == "" || len(name) > maxNameLen || len(podName) > maxNameLen {
+		return errors.New("endpoint name missing or too long")
+	}
+	if len(labels) > maxLabels {
+		return fmt.Errorf("%d labels, at most %d", len(labels), maxLabels)
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > maxLabelKeyLen || len(v) > maxLabelValueLen {
+			return fmt.Errorf("label %.40q is empty or too long", k)
+		}
+	}
+	return nil
+}
+
+// validAdapterName reports whether a LoRA adapter name is within bounds.
+func validAdapterName(name string) bool { return name != "" && len(name) <= maxAdapterLen }
+
 func validateEndpoint(e *federationv1.Endpoint) error {
 	if s := e.GetSpec(); s != nil {
-		if s.GetName() == "" || len(s.GetName()) > maxNameLen || len(s.GetPodName()) > maxNameLen {
-			return errors.New("endpoint name missing or too long")
+		if err := checkNamesAndLabels(s.GetName(), s.GetPodName(), s.GetLabels()); err != nil {
+			return err
 		}
 		addr, err := netip.ParseAddr(s.GetAddress())
 		if err != nil || addr.Zone() != "" {
@@ -96,14 +140,6 @@ func validateEndpoint(e *federationv1.Endpoint) error {
 		}
 		if s.GetPort() == 0 || s.GetPort() > math.MaxUint16 {
 			return fmt.Errorf("port %d out of range", s.GetPort())
-		}
-		if len(s.GetLabels()) > maxLabels {
-			return fmt.Errorf("%d labels, at most %d", len(s.GetLabels()), maxLabels)
-		}
-		for k, v := range s.GetLabels() {
-			if k == "" || len(k) > maxLabelKeyLen || len(v) > maxLabelValueLen {
-				return fmt.Errorf("label %.40q is empty or too long", k)
-			}
 		}
 	}
 	m := e.GetMetrics()
@@ -122,7 +158,7 @@ func validateEndpoint(e *federationv1.Endpoint) error {
 		}
 		for _, adapters := range []map[string]uint32{l.GetRunning(), l.GetWaiting()} {
 			for name := range adapters {
-				if name == "" || len(name) > maxAdapterLen {
+				if !validAdapterName(name) {
 					return fmt.Errorf("LoRA adapter name %.40q is empty or too long", name)
 				}
 			}

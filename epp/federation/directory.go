@@ -24,7 +24,7 @@ type DirectoryFile struct {
 	mu      sync.RWMutex
 	current *fleetv1alpha1.PeerDirectory
 	raw     []byte
-	subs    []chan struct{}
+	changes changes
 }
 
 // Load reads the file once; it fails when the file is missing or invalid.
@@ -44,12 +44,32 @@ func (f *DirectoryFile) Current() *fleetv1alpha1.PeerDirectory {
 }
 
 // Changed returns a channel that receives a value after each change.
-func (f *DirectoryFile) Changed() <-chan struct{} {
+func (f *DirectoryFile) Changed() <-chan struct{} { return f.changes.channel() }
+
+// changes hands out channels that each receive a value after a change (one
+// value stands for any number of changes not yet received).
+type changes struct {
+	mu   sync.Mutex
+	subs []chan struct{}
+}
+
+func (c *changes) channel() <-chan struct{} {
 	ch := make(chan struct{}, 1)
-	f.mu.Lock()
-	f.subs = append(f.subs, ch)
-	f.mu.Unlock()
+	c.mu.Lock()
+	c.subs = append(c.subs, ch)
+	c.mu.Unlock()
 	return ch
+}
+
+func (c *changes) notify() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ch := range c.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (f *DirectoryFile) reload() (bool, error) {
@@ -69,14 +89,8 @@ func (f *DirectoryFile) reload() (bool, error) {
 	}
 	f.mu.Lock()
 	f.current, f.raw = d, data
-	subs := f.subs
 	f.mu.Unlock()
-	for _, ch := range subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
+	f.changes.notify()
 	return true, nil
 }
 

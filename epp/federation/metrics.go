@@ -34,20 +34,28 @@ var (
 	}, []string{"peer", "direction"})
 	streamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_stream_errors_total",
-		Help: "Subscription streams to a peer that ended, by reason (connect, transport, protocol, stale).",
+		Help: "Subscription streams to a peer that ended, by reason (connect, transport, protocol, rate, stale).",
 	}, []string{"peer", "reason"})
 	peerRTT = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fleetinfer_epp_peer_rtt_seconds",
 		Help: "Round trip to each peer's cluster as the spill policy uses it: federation pings on the subscription's connection, each moving the estimate halfway.",
 	}, []string{"peer"})
+	endpointsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_endpoints_refused_total",
+		Help: "Peers' endpoints not held because of their address, by peer and reason (loopback, link-local, unspecified, multicast, own-range, outside-peer-ranges).",
+	}, []string{"peer", "reason"})
+	endpointsWithheld = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_endpoints_withheld_total",
+		Help: "Local endpoints this EPP left out of what it publishes, each counted when it is first left out, by reason (labels: names or labels out of the shared bounds; endpoint-count; message-size).",
+	}, []string{"reason"})
 	refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_refused_total",
-		Help: "Subscriptions this EPP refused, by reason (unknown-identity, wrong-pool).",
+		Help: "Subscriptions this EPP refused or ended, by reason (unknown-identity, wrong-pool; replaced: a newer stream of the same peer came; too-often: the peer opens more than a stream a second, in bursts of 4; deauthorized: the peer left the directory or its certificate no longer verifies).",
 	}, []string{"reason"})
 )
 
 // Collectors returns the federation's metrics.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{peersConnected, subscribers, remoteEndpoints, lag, bytesTotal,
-		updatesTotal, streamErrors, refused, peerRTT}
+		updatesTotal, streamErrors, refused, endpointsRefused, endpointsWithheld, peerRTT}
 }

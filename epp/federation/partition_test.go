@@ -149,7 +149,7 @@ func TestSubscriberIsBackWithinTheStalenessBoundAfterAPartitionHeals(t *testing.
 func TestSubscriberMeasuresTheRoundTripAndFollowsALinkThatSlows(t *testing.T) {
 	east, dir, link := eastLinkedToWest(t)
 	link.rtt.Store(int64(30 * time.Millisecond))
-	store := subscribeWith(t, "east", east.creds, dir, 20*time.Millisecond)
+	store := subscribeWith(t, "east", east.creds, dir, time.Second, 20*time.Millisecond)
 	rtt := func() time.Duration {
 		for _, v := range store.Remote(time.Now()).Peers {
 			return v.Origin.RTT()

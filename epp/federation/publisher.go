@@ -2,17 +2,22 @@ package federation
 
 import (
 	"context"
+	"crypto/x509"
+	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -38,11 +43,19 @@ type PublisherOptions struct {
 	// its data keeps its own scrape time instead of the watermark.
 	LaggingAfter time.Duration
 	// Authorize maps a client certificate's identities to the peer's cluster
-	// name, or reports that the identity is unknown.
+	// name, or reports that the identity is unknown. Reauthorize asks it
+	// again for every open stream.
 	Authorize func(identities []string) (cluster string, ok bool)
+	// Roots returns the current CA bundle, against which Reauthorize checks
+	// every open stream's client certificate again; nil skips that check.
+	Roots func() *x509.CertPool
 	// Buffer is how many messages a subscriber may fall behind before its
 	// stream is closed (it then resubscribes and gets a fresh snapshot).
 	Buffer int
+	// Limits are the subscribers' (DefaultLimits when zero): the endpoints
+	// published fit them, so that a snapshot of all of them is one message a
+	// subscriber accepts; the rest are withheld.
+	Limits Limits
 	Log    logr.Logger
 }
 
@@ -56,7 +69,19 @@ type Publisher struct {
 	ids    map[types.NamespacedName]uint32
 	nextID uint32
 	// last is what every subscriber has been sent, by id.
-	last     map[uint32]*sentEndpoint
+	last map[uint32]*sentEndpoint
+	// byCluster is each peer's one open stream.
+	byCluster map[string]*subscription
+	// opened bounds how often each peer may open a stream.
+	opened map[string]*rate.Limiter
+	// bytes is the encoded size of last's endpoints in a snapshot.
+	bytes int
+	// withheld are the local endpoints left out of what is published, and
+	// the metadata that made them so when it was their own (names or
+	// labels out of bounds, so unchanged metadata needs no new look); nil
+	// when the pool's limits did (endpoint count, message size), which are
+	// looked at again every tick.
+	withheld map[types.NamespacedName]*fwkdl.EndpointMetadata
 	subs     map[*subscription]struct{}
 	lastSent time.Time
 	// synced is whether last follows the local state. Without subscribers
@@ -74,13 +99,31 @@ type sentEndpoint struct {
 	// scrape is the latest scrape time, which changes on every scrape and
 	// travels in the watermark rather than as a change.
 	scrape int64
+	// size is ep's share of a snapshot's encoded size.
+	size int
 }
 
 type subscription struct {
 	ch      chan *federationv1.Update
 	cluster string
-	// overflow is closed when the subscriber fell too far behind.
-	overflow chan struct{}
+	// chain is the client's verified certificate chain, leaf first.
+	chain []*x509.Certificate
+	// ended is closed, with why set, when the publisher ends the stream:
+	// the subscriber fell too far behind, a newer stream of the same peer
+	// replaced it, or the peer is no longer authorized.
+	ended chan struct{}
+	why   error
+}
+
+// end ends the stream with err. Called with the publisher's mu held, so a
+// stream ends once.
+func (s *subscription) end(err error) {
+	select {
+	case <-s.ended:
+	default:
+		s.why = err
+		close(s.ended)
+	}
 }
 
 // NewPublisher returns a publisher; Run drives it.
@@ -88,8 +131,12 @@ func NewPublisher(opts PublisherOptions) *Publisher {
 	if opts.Buffer <= 0 {
 		opts.Buffer = 64
 	}
-	return &Publisher{opts: opts, ids: map[types.NamespacedName]uint32{},
-		last: map[uint32]*sentEndpoint{}, subs: map[*subscription]struct{}{}}
+	if opts.Limits == (Limits{}) {
+		opts.Limits = DefaultLimits
+	}
+	return &Publisher{opts: opts, ids: map[types.NamespacedName]uint32{}, withheld: map[types.NamespacedName]*fwkdl.EndpointMetadata{},
+		last: map[uint32]*sentEndpoint{}, subs: map[*subscription]struct{}{}, byCluster: map[string]*subscription{},
+		opened: map[string]*rate.Limiter{}}
 }
 
 // Run compares local state every interval and publishes changes until ctx ends.
@@ -132,8 +179,8 @@ func (p *Publisher) tick(now time.Time) {
 		default:
 			// The subscriber is too slow; it gets a fresh snapshot when it
 			// comes back, which is cheaper than buffering without bound.
-			close(s.overflow)
-			delete(p.subs, s)
+			s.end(status.Error(codes.ResourceExhausted, "subscriber fell behind; resubscribe for a fresh snapshot"))
+			p.drop(s)
 		}
 	}
 }
@@ -142,33 +189,69 @@ func (p *Publisher) tick(now time.Time) {
 func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Update {
 	u := &federationv1.Update{}
 	present := make(map[uint32]bool, len(local))
+	seen := make(map[types.NamespacedName]bool, len(p.withheld))
 	for _, ep := range local {
 		md, m := ep.GetMetadata(), ep.GetMetrics()
 		if md == nil || m == nil {
 			continue
 		}
-		id, ok := p.ids[md.NamespacedName]
-		if !ok {
-			p.nextID++
-			id = p.nextID
-			p.ids[md.NamespacedName] = id
+		seen[md.NamespacedName] = true
+		if w := p.withheld[md.NamespacedName]; w != nil && w == md {
+			continue
 		}
-		present[id] = true
+		id := p.ids[md.NamespacedName]
 		prev := p.last[id]
+		var next *federationv1.Endpoint
 		switch {
 		case prev == nil || prev.md != md && !sameSpec(prev.ep.GetSpec(), md):
-			prev = &sentEndpoint{ep: &federationv1.Endpoint{Id: id, Spec: specOf(md), Metrics: metricsOf(m)}}
-			p.last[id] = prev
-			u.Upserts = append(u.Upserts, prev.ep)
+			if err := checkNamesAndLabels(md.NamespacedName.Name, md.PodName, md.Labels); err != nil {
+				p.withhold(md, md, "labels", err)
+				continue
+			}
+			next = &federationv1.Endpoint{Spec: specOf(md), Metrics: metricsOf(m)}
 		case !sameValues(prev.ep.GetMetrics(), m):
-			prev.ep = &federationv1.Endpoint{Id: id, Spec: prev.ep.GetSpec(), Metrics: metricsOf(m)}
-			u.Upserts = append(u.Upserts, &federationv1.Endpoint{Id: id, Metrics: prev.ep.GetMetrics()})
+			next = &federationv1.Endpoint{Spec: prev.ep.GetSpec(), Metrics: metricsOf(m)}
 		}
+		if next != nil {
+			size, grow := snapshotSize(next), snapshotSize(next)
+			if prev != nil {
+				grow -= prev.size
+			}
+			switch {
+			case prev == nil && len(p.last) >= p.opts.Limits.MaxEndpoints:
+				p.withhold(md, nil, "endpoint-count", fmt.Errorf("the pool publishes at most %d endpoints", p.opts.Limits.MaxEndpoints))
+				continue
+			case p.bytes+grow > p.budget():
+				p.withhold(md, nil, "message-size", fmt.Errorf("the pool's endpoints would not fit a message of %d bytes", p.opts.Limits.MaxMessageBytes))
+				continue
+			}
+			if prev == nil {
+				p.nextID++
+				id = p.nextID
+				p.ids[md.NamespacedName] = id
+			}
+			next.Id = id
+			p.bytes += grow
+			switch {
+			case prev == nil || prev.ep.GetSpec() != next.GetSpec():
+				u.Upserts = append(u.Upserts, next)
+			default:
+				u.Upserts = append(u.Upserts, &federationv1.Endpoint{Id: id, Metrics: next.GetMetrics()})
+			}
+			if prev == nil {
+				prev = &sentEndpoint{}
+				p.last[id] = prev
+			}
+			prev.ep, prev.size = next, size
+		}
+		delete(p.withheld, md.NamespacedName)
+		present[id] = true
 		prev.md, prev.scrape = md, scrapeOf(m)
 	}
-	for id := range p.last {
+	for id, e := range p.last {
 		if !present[id] {
 			u.Removed = append(u.Removed, id)
+			p.bytes -= e.size
 			delete(p.last, id)
 		}
 	}
@@ -177,10 +260,40 @@ func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Up
 			delete(p.ids, name)
 		}
 	}
+	for name := range p.withheld {
+		if !seen[name] {
+			delete(p.withheld, name)
+		}
+	}
 	slices.Sort(u.Removed)
 	u.CurrentUnixNano, u.Lagging = p.watermark(now)
 	p.synced = true
 	return u
+}
+
+// withhold leaves a local endpoint out of what is published (a previously
+// published one is removed), and counts it and logs it once. Called with
+// p.mu held.
+func (p *Publisher) withhold(md, sticky *fwkdl.EndpointMetadata, reason string, err error) {
+	if _, ok := p.withheld[md.NamespacedName]; !ok {
+		endpointsWithheld.WithLabelValues(reason).Inc()
+		p.opts.Log.Info("Endpoint not federated", "endpoint", md.NamespacedName, "reason", reason, "err", err.Error())
+	}
+	p.withheld[md.NamespacedName] = sticky
+}
+
+// budget is the encoded size the published endpoints may take: a message's
+// limit less what a snapshot's other fields (lagging ids) and a delta's
+// removed ids may take next to them.
+func (p *Publisher) budget() int {
+	return max(p.opts.Limits.MaxMessageBytes-10*p.opts.Limits.MaxEndpoints-64, 0)
+}
+
+// snapshotSize is the encoded size of e as an element of an Update's
+// upserts: its own, its length prefix and the field's tag.
+func snapshotSize(e *federationv1.Endpoint) int {
+	n := proto.Size(e)
+	return n + 1 + protowire.SizeVarint(uint64(n))
 }
 
 // watermark returns the oldest scrape time among endpoints that are not
@@ -217,10 +330,93 @@ func (p *Publisher) snapshot(now time.Time) *federationv1.Update {
 	return u
 }
 
+// Streams a peer may open: one a second, in bursts of four. A subscriber
+// reconnects with backoff from 100 ms; each stream costs a snapshot.
+const (
+	streamsPerSecond = 1
+	streamBurst      = 4
+)
+
+// mayOpen reports whether cluster may open a stream now.
+func (p *Publisher) mayOpen(cluster string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.opened[cluster]
+	if l == nil {
+		// Peers come from the directory (MaxPeers), so this map is bounded.
+		l = rate.NewLimiter(streamsPerSecond, streamBurst)
+		p.opened[cluster] = l
+	}
+	return l.Allow()
+}
+
+// drop forgets a subscription. Called with p.mu held.
+func (p *Publisher) drop(s *subscription) {
+	delete(p.subs, s)
+	if p.byCluster[s.cluster] == s {
+		delete(p.byCluster, s.cluster)
+	}
+}
+
+// Reauthorize ends the open streams of peers that are no longer authorized:
+// their identity left the directory (or now names another cluster), or
+// their certificate no longer verifies against the current CA bundle (a CA
+// rotation ended, or it expired). The runner calls it whenever the
+// directory or the credentials change.
+func (p *Publisher) Reauthorize() {
+	var roots *x509.CertPool
+	if p.opts.Roots != nil {
+		roots = p.opts.Roots()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for s := range p.subs {
+		if cluster, ok := p.opts.Authorize(Identities(s.chain[0])); !ok || cluster != s.cluster {
+			refused.WithLabelValues("deauthorized").Inc()
+			s.end(status.Error(codes.PermissionDenied, "client identity is no longer a peer in the peer directory"))
+			p.drop(s)
+			continue
+		}
+		if roots != nil {
+			if _, err := verifyChain(s.chain, roots, x509.ExtKeyUsageClientAuth); err != nil {
+				refused.WithLabelValues("deauthorized").Inc()
+				s.end(status.Errorf(codes.Unauthenticated, "client certificate no longer verifies: %v", err))
+				p.drop(s)
+			}
+		}
+	}
+}
+
+// ReauthorizeOn calls Reauthorize whenever one of changed receives (the
+// directory's and the credentials' Changed) and every interval, for
+// certificates that expire, until ctx ends.
+func (p *Publisher) ReauthorizeOn(ctx context.Context, interval time.Duration, changed ...<-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	cases := make([]reflect.SelectCase, 0, len(changed)+2)
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(t.C)})
+	for _, ch := range changed {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)})
+	}
+	for {
+		if i, _, _ := reflect.Select(cases); i == 0 {
+			return
+		}
+		p.Reauthorize()
+	}
+}
+
 // Subscribe implements the Federation service.
+//
+// A peer has one stream: a newer stream of the same peer replaces the open
+// one, which ends with ABORTED. Refusing the newer one instead would lock a
+// subscriber whose connection died without a word out until keepalive
+// notices; replacing lets it come back at once, and a peer gains nothing
+// by opening more.
 func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federationv1.Federation_SubscribeServer) error {
 	ctx := stream.Context()
-	cluster, ok := p.authorize(ctx)
+	cluster, chain, ok := p.authorize(ctx)
 	if !ok {
 		refused.WithLabelValues("unknown-identity").Inc()
 		return status.Error(codes.PermissionDenied, "client identity is not a peer in the peer directory")
@@ -230,7 +426,17 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 		return status.Errorf(codes.FailedPrecondition, "this EPP serves pool %s, not %s/%s",
 			p.opts.Pool, req.GetPoolNamespace(), req.GetPoolName())
 	}
-	s := &subscription{ch: make(chan *federationv1.Update, p.opts.Buffer), cluster: cluster, overflow: make(chan struct{})}
+	if !p.mayOpen(cluster) {
+		// A peer that reopens in a loop is answered late, so that each of
+		// its connections costs one stream a second, not a busy loop.
+		refused.WithLabelValues("too-often").Inc()
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+		return status.Error(codes.ResourceExhausted, "this peer opens streams too often; retry with backoff")
+	}
+	s := &subscription{ch: make(chan *federationv1.Update, p.opts.Buffer), cluster: cluster, chain: chain, ended: make(chan struct{})}
 	local := p.opts.Local()
 	p.mu.Lock()
 	now := time.Now()
@@ -238,11 +444,17 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 		p.diff(local, now)
 	}
 	first := p.snapshot(now)
+	if old := p.byCluster[cluster]; old != nil {
+		refused.WithLabelValues("replaced").Inc()
+		old.end(status.Error(codes.Aborted, "replaced by a newer stream of the same peer"))
+		p.drop(old)
+	}
 	p.subs[s] = struct{}{}
+	p.byCluster[cluster] = s
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
-		delete(p.subs, s)
+		p.drop(s)
 		p.mu.Unlock()
 	}()
 	subscribers.Inc()
@@ -271,8 +483,9 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-s.overflow:
-			return status.Error(codes.ResourceExhausted, "subscriber fell behind; resubscribe for a fresh snapshot")
+		case <-s.ended:
+			p.opts.Log.Info("Peer's stream ended", "peer", cluster, "reason", s.why.Error())
+			return s.why
 		case u := <-s.ch:
 			if err := send(u); err != nil {
 				return err
@@ -284,22 +497,26 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 // Ping answers peers' round-trip probes (see Subscriber). Only peers in
 // the directory are answered, as for Subscribe.
 func (p *Publisher) Ping(ctx context.Context, _ *federationv1.PingRequest) (*federationv1.PingReply, error) {
-	if _, ok := p.authorize(ctx); !ok {
+	if _, _, ok := p.authorize(ctx); !ok {
 		return nil, status.Error(codes.PermissionDenied, "client identity is not a peer in the peer directory")
 	}
 	return &federationv1.PingReply{}, nil
 }
 
-func (p *Publisher) authorize(ctx context.Context) (string, bool) {
+// authorize returns the cluster of the stream's client and its verified
+// certificate chain.
+func (p *Publisher) authorize(ctx context.Context) (string, []*x509.Certificate, bool) {
 	pr, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", false
+		return "", nil, false
 	}
 	info, ok := pr.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
-		return "", false
+		return "", nil, false
 	}
-	return p.opts.Authorize(Identities(info.State.VerifiedChains[0][0]))
+	chain := info.State.VerifiedChains[0]
+	cluster, ok := p.opts.Authorize(Identities(chain[0]))
+	return cluster, chain, ok
 }
 
 func specOf(md *fwkdl.EndpointMetadata) *federationv1.EndpointSpec {
@@ -350,7 +567,9 @@ func adapters(in map[string]int) map[string]uint32 {
 		if len(out) == maxAdapters {
 			break
 		}
-		out[name] = clampUint32(n)
+		if validAdapterName(name) {
+			out[name] = clampUint32(n)
+		}
 	}
 	return out
 }
@@ -383,7 +602,13 @@ func sameValues(sent *federationv1.EndpointMetrics, m *fwkdl.Metrics) bool {
 
 // sameAdapters reports whether sent is what adapters(cur) may return.
 func sameAdapters(sent map[string]uint32, cur map[string]int) bool {
-	if len(sent) != min(len(cur), maxAdapters) {
+	valid := 0
+	for name := range cur {
+		if validAdapterName(name) {
+			valid++
+		}
+	}
+	if len(sent) != min(valid, maxAdapters) {
 		return false
 	}
 	for name, n := range sent {

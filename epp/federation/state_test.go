@@ -86,7 +86,7 @@ func TestPeerStateAppliesUpdatesInOrder(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPeerState(&Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}, "llm", Limits{MaxMessageBytes: 1 << 20, MaxEndpoints: 2})
+			p := newPeerState(&Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}, "llm", Limits{MaxMessageBytes: 1 << 20, MaxEndpoints: 2}, Destinations{}, nil)
 			var err error
 			for _, u := range tc.updates {
 				if err = p.apply(u, recv); err != nil {
@@ -169,7 +169,7 @@ func TestDecodeUpdateRefusesMalformedOrOversizedMessages(t *testing.T) {
 // a tenth of which changed since the last one, with the freshness watermark:
 // what the benchmark's peers send twenty times a second each.
 func BenchmarkApply(b *testing.B) {
-	p := newPeerState(&Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}, "llm", DefaultLimits)
+	p := newPeerState(&Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}, "llm", DefaultLimits, Destinations{}, nil)
 	first := snapshot()
 	for i := range uint32(90) {
 		first.Upserts = append(first.Upserts, &federationv1.Endpoint{Id: i + 1, Spec: &federationv1.EndpointSpec{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
@@ -100,9 +102,21 @@ type peerState struct {
 	origin    *Origin
 	namespace string // the pool's namespace, which remote endpoints share
 	limits    Limits
+	dest      Destinations
+	// ranges are the peer's endpoint ranges (its directory entry's
+	// EndpointCIDRs); none admits any range Destinations does not refuse.
+	ranges []netip.Prefix
 
 	seq  uint64
 	byID map[uint32]*remoteEndpoint
+	// bytes is the encoded size of the held endpoints' last specs and
+	// metrics. It may not pass the message limit: a snapshot of them all
+	// must fit one message, so a peer that grows its state through deltas
+	// past it breaks the protocol, and its memory here stays bounded.
+	bytes int
+	// refused are the ids of endpoints whose address was refused: their
+	// metrics-only updates and removals are ignored, not protocol errors.
+	refused map[uint32]bool
 	// order is byID's values from the least to the most loaded, sorted again
 	// only when endpoints or their values change, not for watermarks.
 	order []*remoteEndpoint
@@ -113,8 +127,10 @@ type peerState struct {
 
 type remoteEndpoint struct {
 	// ep's metrics are the last received values, dated by their scrape.
-	ep      *fwkdl.ModelServer
-	metrics *fwkdl.Metrics
+	ep *fwkdl.ModelServer
+	// specSize and metricsSize are the encoded sizes last received.
+	specSize, metricsSize int
+	metrics               *fwkdl.Metrics
 	// updated is the local time up to which the data is vouched for: its
 	// scrape, advanced by freshness watermarks. Picks see it as the
 	// metrics' UpdateTime (see View), so that a watermark, which moves
@@ -122,9 +138,35 @@ type remoteEndpoint struct {
 	updated time.Time
 }
 
-func newPeerState(origin *Origin, namespace string, limits Limits) *peerState {
-	return &peerState{origin: origin, namespace: namespace, limits: limits, byID: map[uint32]*remoteEndpoint{},
-		lag: lag.WithLabelValues(origin.Cluster)}
+func newPeerState(origin *Origin, namespace string, limits Limits, dest Destinations, ranges []netip.Prefix) *peerState {
+	return &peerState{origin: origin, namespace: namespace, limits: limits, dest: dest, ranges: ranges,
+		byID: map[uint32]*remoteEndpoint{}, refused: map[uint32]bool{}, lag: lag.WithLabelValues(origin.Cluster)}
+}
+
+// drop forgets a held endpoint.
+func (p *peerState) drop(id uint32) {
+	if re, ok := p.byID[id]; ok {
+		p.bytes -= re.specSize + re.metricsSize
+		delete(p.byID, id)
+	}
+}
+
+// admit reports whether the endpoint spec s of id may be held; one that may
+// not is dropped if held, remembered as refused and counted.
+func (p *peerState) admit(id uint32, s *federationv1.EndpointSpec) bool {
+	addr, err := netip.ParseAddr(s.GetAddress())
+	reason := RefusedUnspecified
+	if err == nil {
+		reason = p.dest.refusal(addr, p.ranges)
+	}
+	if reason == "" {
+		delete(p.refused, id)
+		return true
+	}
+	p.drop(id)
+	p.refused[id] = true
+	endpointsRefused.WithLabelValues(p.origin.Cluster, reason).Inc()
+	return false
 }
 
 // errProtocol marks a violation of the stream's rules (as opposed to a
@@ -152,28 +194,46 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 	reorder := u.GetSnapshot() || len(u.GetRemoved()) > 0 || len(u.GetUpserts()) > 0
 	if u.GetSnapshot() {
 		clear(p.byID)
+		clear(p.refused)
+		p.bytes = 0
 	}
 	for _, id := range u.GetRemoved() {
+		if p.refused[id] {
+			delete(p.refused, id)
+			continue
+		}
 		if _, ok := p.byID[id]; !ok {
 			return fmt.Errorf("%w: removal of unknown endpoint %d", errProtocol, id)
 		}
-		delete(p.byID, id)
+		p.drop(id)
 	}
 	for _, e := range u.GetUpserts() {
+		if s := e.GetSpec(); s == nil && p.refused[e.GetId()] || s != nil && !p.admit(e.GetId(), s) {
+			continue
+		}
 		re, ok := p.byID[e.GetId()]
 		if !ok {
 			if e.GetSpec() == nil {
 				return fmt.Errorf("%w: endpoint %d first sent without its spec", errProtocol, e.GetId())
 			}
-			if len(p.byID) >= p.limits.MaxEndpoints {
+			if len(p.byID)+len(p.refused) >= p.limits.MaxEndpoints {
 				return fmt.Errorf("%w: peer exceeds %d endpoints", errProtocol, p.limits.MaxEndpoints)
 			}
 			re = &remoteEndpoint{ep: fwkdl.NewEndpoint(nil, nil)}
 			re.ep.GetAttributes().Put(OriginAttribute, p.origin)
 			p.byID[e.GetId()] = re
 		}
+		p.bytes -= re.metricsSize
+		re.metricsSize = proto.Size(e.GetMetrics())
+		p.bytes += re.metricsSize
 		if s := e.GetSpec(); s != nil {
 			re.ep.UpdateMetadata(p.metadata(s))
+			p.bytes -= re.specSize
+			re.specSize = proto.Size(s)
+			p.bytes += re.specSize
+		}
+		if p.bytes > p.limits.MaxMessageBytes {
+			return fmt.Errorf("%w: peer's endpoints take over %d bytes", errProtocol, p.limits.MaxMessageBytes)
 		}
 		re.metrics = metricsFrom(e.GetMetrics(), local(e.GetMetrics().GetScrapeUnixNano()))
 		re.ep.UpdateMetrics(re.metrics)

@@ -66,6 +66,8 @@ type cluster struct {
 	name, identity string
 	creds          *Credentials
 	local          *localPods
+	publisher      *Publisher
+	credsDir       string
 	addr           string
 	stop           func()
 }
@@ -83,11 +85,12 @@ func newClusterAt(t *testing.T, ca *federationtest.CA, name string, dir *Directo
 		local = &localPods{}
 	}
 	c := &cluster{name: name, identity: "spiffe://fleet.test/" + name, local: local}
-	d := t.TempDir()
-	c.creds = loadCreds(t, ca, d, c.identity)
+	c.credsDir = t.TempDir()
+	c.creds = loadCreds(t, ca, c.credsDir, c.identity)
 	pub := NewPublisher(PublisherOptions{Pool: testPool, Local: c.local.list, Interval: 10 * time.Millisecond,
-		Heartbeat: 50 * time.Millisecond, LaggingAfter: time.Second, Authorize: Authorize(dir, testPool, name), Log: logr.Discard()})
-	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(c.creds.ServerConfig())))
+		Heartbeat: 50 * time.Millisecond, LaggingAfter: time.Second, Authorize: Authorize(dir, testPool, name), Roots: c.creds.Roots, Log: logr.Discard()})
+	c.publisher = pub
+	srv := grpc.NewServer(ServerOptions(c.creds)...)
 	federationv1.RegisterFederationServer(srv, pub)
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -96,6 +99,7 @@ func newClusterAt(t *testing.T, ca *federationtest.CA, name string, dir *Directo
 	c.addr = lis.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { _ = pub.Run(ctx) }()
+	go pub.ReauthorizeOn(ctx, time.Minute, dir.Changed(), c.creds.Changed())
 	go func() { _ = srv.Serve(lis) }()
 	var once sync.Once
 	c.stop = func() { once.Do(func() { cancel(); srv.Stop() }) }
@@ -138,18 +142,24 @@ func writeDirectoryFile(t *testing.T, path string, peers ...fleetv1alpha1.Peer) 
 	}
 }
 
-// subscribe runs a subscriber for cluster self following dir into a new store.
+// testDestinations admit the loopback addresses the tests' pods have, as
+// the local fleet does.
+var testDestinations = Destinations{AllowLoopback: true}
+
+// subscribe runs a subscriber for cluster self following dir into a new
+// store with a staleness bound of a second.
 func subscribe(t *testing.T, self string, creds *Credentials, dir *DirectoryFile) *Store {
 	t.Helper()
-	return subscribeWith(t, self, creds, dir, 0)
+	return subscribeWith(t, self, creds, dir, time.Second, 0)
 }
 
-// subscribeWith is subscribe, measuring round trips every ping (0: never).
-func subscribeWith(t *testing.T, self string, creds *Credentials, dir *DirectoryFile, ping time.Duration) *Store {
+// subscribeWith is subscribe with the staleness bound staleAfter, measuring
+// round trips every ping (0: never).
+func subscribeWith(t *testing.T, self string, creds *Credentials, dir *DirectoryFile, staleAfter, ping time.Duration) *Store {
 	t.Helper()
-	store := NewStore(time.Second)
+	store := NewStore(staleAfter)
 	sub := NewSubscriber(SubscriberOptions{Cluster: self, Pool: testPool, DefaultMode: fleetv1alpha1.FederationEndpoint, Store: store,
-		Credentials: creds, Limits: DefaultLimits, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		Credentials: creds, Limits: DefaultLimits, Destinations: testDestinations, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		PingInterval: ping, Log: logr.Discard()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

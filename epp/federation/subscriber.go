@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/encoding"
@@ -33,6 +35,9 @@ type SubscriberOptions struct {
 	Store       *Store
 	Credentials *Credentials
 	Limits      Limits
+	// Destinations refuses peers' endpoints by address; the directory adds
+	// the own ranges and each peer's.
+	Destinations Destinations
 	// MinBackoff and MaxBackoff bound the wait between reconnects (with
 	// jitter, doubling from the minimum).
 	MinBackoff, MaxBackoff time.Duration
@@ -59,6 +64,7 @@ type Subscriber struct {
 
 type peerRun struct {
 	peer   fleetv1alpha1.Peer
+	dest   Destinations
 	cancel context.CancelFunc
 }
 
@@ -122,10 +128,11 @@ func (s *Subscriber) sync(ctx context.Context, d *fleetv1alpha1.PeerDirectory) {
 		}
 		want[p.Cluster] = p
 	}
+	dest := s.opts.Destinations.ForDirectory(d)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for cluster, r := range s.running {
-		if p, ok := want[cluster]; !ok || !samePeer(p, r.peer) {
+		if p, ok := want[cluster]; !ok || !samePeer(p, r.peer) || !slices.Equal(dest.Own, r.dest.Own) {
 			r.cancel()
 			delete(s.running, cluster)
 		}
@@ -135,22 +142,23 @@ func (s *Subscriber) sync(ctx context.Context, d *fleetv1alpha1.PeerDirectory) {
 			continue
 		}
 		pctx, cancel := context.WithCancel(ctx)
-		s.running[cluster] = &peerRun{peer: p, cancel: cancel}
+		s.running[cluster] = &peerRun{peer: p, dest: dest, cancel: cancel}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.follow(pctx, p)
+			s.follow(pctx, p, dest)
 		}()
 	}
 }
 
 func samePeer(a, b fleetv1alpha1.Peer) bool {
 	return a.Cluster == b.Cluster && a.FederationAddress == b.FederationAddress &&
-		a.GatewayAddress == b.GatewayAddress && a.Identity == b.Identity && a.Mode == b.Mode
+		a.GatewayAddress == b.GatewayAddress && a.Identity == b.Identity && a.Mode == b.Mode &&
+		slices.Equal(a.EndpointCIDRs, b.EndpointCIDRs)
 }
 
 // follow subscribes to one peer until ctx ends, reconnecting with backoff.
-func (s *Subscriber) follow(ctx context.Context, p fleetv1alpha1.Peer) {
+func (s *Subscriber) follow(ctx context.Context, p fleetv1alpha1.Peer, dest Destinations) {
 	log := s.opts.Log.WithValues("peer", p.Cluster, "address", p.FederationAddress)
 	origin := &Origin{Cluster: p.Cluster, Mode: p.Mode, Gateway: p.GatewayAddress, RoundTrip: &RoundTrip{}}
 	backoff := s.opts.MinBackoff
@@ -158,7 +166,7 @@ func (s *Subscriber) follow(ctx context.Context, p fleetv1alpha1.Peer) {
 	defer peerRTT.DeleteLabelValues(p.Cluster)
 	for {
 		began := time.Now()
-		reason, err := s.stream(ctx, p, origin)
+		reason, err := s.stream(ctx, p, origin, dest)
 		if ctx.Err() != nil {
 			return
 		}
@@ -188,7 +196,7 @@ func (s *Subscriber) dial(ctx context.Context, addr string) (net.Conn, error) {
 }
 
 // stream runs one subscription and returns why it ended.
-func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *Origin) (string, error) {
+func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *Origin, dest Destinations) (string, error) {
 	staleAfter := s.opts.Store.StaleAfter()
 	// A static flow-control window turns gRPC's bandwidth estimation off: it
 	// pinged (and the peer acknowledged) on received data, which doubled the
@@ -220,6 +228,7 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 	}
 	c := &updateCodec{limits: s.opts.Limits, bytes: bytesTotal.WithLabelValues(p.Cluster, "received"),
 		updates: updatesTotal.WithLabelValues(p.Cluster, "received")}
+	c.messageRate, c.byteRate = s.opts.Limits.rateLimiters()
 	st, err := client.Subscribe(ctx,
 		&federationv1.SubscribeRequest{PoolNamespace: s.opts.Pool.Namespace, PoolName: s.opts.Pool.Name, Cluster: s.opts.Cluster},
 		grpc.ForceCodecV2(c), grpc.MaxCallRecvMsgSize(s.opts.Limits.MaxMessageBytes))
@@ -229,7 +238,7 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 		}
 		return "connect", err
 	}
-	state := newPeerState(origin, s.opts.Pool.Namespace, s.opts.Limits)
+	state := newPeerState(origin, s.opts.Pool.Namespace, s.opts.Limits, dest, fleetv1alpha1.Prefixes(p.EndpointCIDRs))
 	held := remoteEndpoints.WithLabelValues(p.Cluster)
 	connected := false
 	defer func() {
@@ -244,6 +253,9 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 		if err != nil {
 			if errors.Is(context.Cause(ctx), errStale) {
 				return "stale", errStale
+			}
+			if errors.Is(c.err, errRate) {
+				return "rate", c.err
 			}
 			if c.err != nil {
 				return "protocol", c.err
@@ -292,7 +304,10 @@ func (s *Subscriber) ping(ctx context.Context, client federationv1.FederationCli
 	}
 }
 
-var errStale = errors.New("no message within the staleness bound")
+var (
+	errStale = errors.New("no message within the staleness bound")
+	errRate  = errors.New("peer sends faster than its rate limit")
+)
 
 // updateCodec decodes received Updates with DecodeUpdate, so that every byte
 // from a peer goes through the same validation the fuzz tests exercise, and
@@ -300,6 +315,9 @@ var errStale = errors.New("no message within the staleness bound")
 type updateCodec struct {
 	limits         Limits
 	bytes, updates prometheus.Counter
+	// messageRate and byteRate bound the stream's rate; nil where Limits
+	// do not.
+	messageRate, byteRate *rate.Limiter
 	// err is the last decoding error: gRPC reports it to Recv as an
 	// Internal status, this keeps it apart from transport errors.
 	err error
@@ -316,9 +334,15 @@ func (c *updateCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return encoding.GetCodecV2(grpcproto.Name).Unmarshal(data, v)
 	}
-	b := data.Materialize()
-	c.bytes.Add(float64(len(b)))
+	n := data.Len()
+	c.bytes.Add(float64(n))
 	c.updates.Inc()
+	now := time.Now()
+	if c.messageRate != nil && !c.messageRate.AllowN(now, 1) || c.byteRate != nil && !c.byteRate.AllowN(now, n) {
+		c.err = fmt.Errorf("%w: over %d messages or %d bytes a second", errRate, c.limits.MaxMessagesPerSecond, c.limits.MaxBytesPerSecond)
+		return fmt.Errorf("%w: %w", errProtocol, c.err)
+	}
+	b := data.Materialize()
 	if err := decodeInto(b, out, c.limits); err != nil {
 		c.err = err
 		return fmt.Errorf("%w: %w", errProtocol, err)

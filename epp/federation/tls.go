@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 )
 
 // TLSFiles are the PEM files of an EPP's federation identity: its
@@ -28,11 +31,17 @@ type Credentials struct {
 	files TLSFiles
 	log   logr.Logger
 
-	mu   sync.RWMutex
-	cert *tls.Certificate
-	pool *x509.CertPool
-	raw  [3][]byte
+	mu      sync.RWMutex
+	cert    *tls.Certificate
+	pool    *x509.CertPool
+	raw     [3][]byte
+	changes changes
 }
+
+// Changed returns a channel that receives a value after each reload that
+// changed the certificate or the CA bundle (a CA rotation ending drops the
+// old CA from the bundle).
+func (c *Credentials) Changed() <-chan struct{} { return c.changes.channel() }
 
 // LoadCredentials reads the files once; it fails on a missing or invalid file.
 func LoadCredentials(files TLSFiles, log logr.Logger) (*Credentials, error) {
@@ -69,6 +78,7 @@ func (c *Credentials) reload() (bool, error) {
 	c.mu.Lock()
 	c.cert, c.pool, c.raw = &cert, pool, raw
 	c.mu.Unlock()
+	c.changes.notify()
 	return true, nil
 }
 
@@ -108,6 +118,24 @@ func (c *Credentials) Certificate() *tls.Certificate {
 func (c *Credentials) Roots() *x509.CertPool {
 	_, pool := c.current()
 	return pool
+}
+
+// ServerOptions are the federation gRPC server's options: mTLS with c,
+// keepalive enforced both ways, and bounds on what one client may open and
+// send (a subscriber opens one stream and sends one small request).
+func ServerOptions(c *Credentials) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.Creds(credentials.NewTLS(c.ServerConfig())),
+		// Subscribers ping every 10 s to notice dead connections: allowed,
+		// more often is not.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// The server pings too, so a subscriber that vanished is gone within
+		// 15 s, and a connection without a stream within a minute.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, MaxConnectionIdle: time.Minute}),
+		grpc.MaxConcurrentStreams(4),
+		grpc.MaxRecvMsgSize(16 << 10),
+		grpc.ConnectionTimeout(10 * time.Second),
+	}
 }
 
 // ServerConfig is the federation server's TLS configuration: a client must

@@ -98,9 +98,14 @@ func firstProblem(s *v1alpha2.LLMInferenceService) string {
 // A decision that keeps (decide could not place the service, or placed it
 // nowhere, while it runs) writes nothing: every copy stays as it is.
 //
+// The clusters in hold keep the version their copy runs (a progressive
+// rollout has not reached them, rollout.go); only their replicas follow
+// the decision.
+//
 // It returns the clusters whose copy it created or gave a new spec: their
 // ready timeout starts again (stuck.go).
-func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceService, d decision, clusters []inventory.Cluster, copies map[string]*observed) (map[string]bool, error) {
+func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceService, d decision, hold map[string]bool,
+	clusters []inventory.Cluster, copies map[string]*observed) (map[string]bool, error) {
 	if d.keep {
 		return nil, nil
 	}
@@ -130,8 +135,12 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			if o.exists && o.replicas > want && !settled {
 				replicas = o.replicas // shrink once the others are ready
 			}
+			want := desiredCopy(svc, r.opts.HubID, c.Name, replicas, d.federation)
+			if hold[c.Name] {
+				want = heldCopy(o.obj, replicas)
+			}
 			write = func(ctx context.Context) (err error) {
-				asked[i], err = r.ensureCopy(ctx, c, desiredCopy(svc, r.opts.HubID, c.Name, replicas, d.federation), o)
+				asked[i], err = r.ensureCopy(ctx, c, want, o)
 				return err
 			}
 		case o.exists && o.ours && settled:

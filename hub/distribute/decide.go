@@ -24,6 +24,9 @@ type decision struct {
 	message  string
 	// federation is how the placed clusters' endpoint pickers federate.
 	federation fleetv1alpha1.FederationMode
+	// rollout is how a change to the service reaches the clusters
+	// (rollout.go).
+	rollout fleetv1alpha1.Rollout
 	// keep says deciding failed or chose no cluster while the service runs:
 	// want is what runs now, and distribute writes nothing, so no copy is
 	// deleted or shrunk until a decision places the service again.
@@ -48,6 +51,8 @@ type outcome struct {
 	readyTimeout time.Duration
 	// stuck are the clusters whose copy is Stuck.
 	stuck []stuckCopy
+	// staged is what the rollout lets distribute write (rollout.go).
+	staged rolloutPlan
 }
 
 // failover is one cluster losing its replicas to others while unavailable.
@@ -94,6 +99,7 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	now := r.timeNow()
 	current := currentDecision(svc, prev)
 	current.federation = placement.FederationMode(pl)
+	current.rollout = pl.Spec.Rollout
 	timeout := r.readyTimeout(pl)
 	stuck := stuckNow(prev, pl, svc, current, copies, timeout, now)
 	var previouslyStuck []v1alpha2.StuckCluster
@@ -135,7 +141,7 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 			outcome{requeue: requeue, readyTimeout: timeout, stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, d.Message)}), nil
 	}
 	next := decision{want: map[string]int32{}, reasons: map[string]string{}, unplaced: d.Unplaced, message: d.Message,
-		federation: current.federation}
+		federation: current.federation, rollout: current.rollout}
 	for _, c := range d.Clusters {
 		if c.Replicas > 0 {
 			next.want[c.Name], next.reasons[c.Name] = c.Replicas, c.Reason
@@ -260,22 +266,24 @@ func keepOutcome(running decision, prev *v1alpha2.PlacementStatus, reason, cause
 
 // failedOver returns the clusters that lost their replicas while
 // unavailable, remembered for Rebalance: Never, sorted; and the ones this
-// decision newly moved replicas away from. A cluster back in the decision is
-// no longer failed over.
+// decision newly moved replicas away from, for Events. A cluster of the
+// previous decision that the hub has not engaged at all (a hub that
+// started while the cluster was down) lost its replicas the same way. A
+// cluster back in the decision is no longer failed over.
 func failedOver(before []string, prev, next decision, clusters []inventory.Cluster) ([]string, []failover) {
 	failed := slices.Clone(before)
 	var moved []failover
-	for _, c := range clusters {
-		if _, had := prev.want[c.Name]; !had || c.Available() {
+	for name := range prev.want {
+		i := slices.IndexFunc(clusters, func(c inventory.Cluster) bool { return c.Name == name })
+		if _, keeps := next.want[name]; keeps || (i >= 0 && clusters[i].Available()) {
 			continue
 		}
-		if _, keeps := next.want[c.Name]; keeps {
-			continue
+		if !slices.Contains(failed, name) {
+			failed = append(failed, name)
 		}
-		if !slices.Contains(failed, c.Name) {
-			failed = append(failed, c.Name)
+		if i >= 0 {
+			moved = append(moved, failover{cluster: clusters[i], to: clusterNames(next.want)})
 		}
-		moved = append(moved, failover{cluster: c, to: clusterNames(next.want)})
 	}
 	failed = slices.DeleteFunc(failed, func(n string) bool { _, in := next.want[n]; return in })
 	slices.Sort(failed)

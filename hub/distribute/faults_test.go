@@ -3,6 +3,7 @@ package distribute
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
 // hangingClient is a spoke that never answers: a black-holed link, or a
@@ -106,7 +108,11 @@ func TestAHubServiceWaitsForARefusingSpokeOnlyForAWhile(t *testing.T) {
 				map[string][]client.Object{"a": {hubCopy("llama", 1)}})
 			clusters := f.r.clusters.(fixedClusters)
 			clusters[0].Client = refusingClient{clusters[0].Client}
-			_, err := f.r.Reconcile(context.Background(), watch.Request(ns, "llama"))
+			res, err := f.r.Reconcile(context.Background(), watch.Request(ns, "llama"))
+			if !tc.wantGone && (res.RequeueAfter <= 0 || res.RequeueAfter > finalizeRetry || err != nil) {
+				t.Errorf("a waiting hub service is looked at again after %s (error %v), want within %s whatever the queue's backoff",
+					res.RequeueAfter, err, finalizeRetry)
+			}
 
 			gone := apierrors.IsNotFound(f.hub.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "llama"}, svc))
 			if gone != tc.wantGone {
@@ -138,5 +144,45 @@ func TestALeavingCopyThatTerminatesDoesNotComeBack(t *testing.T) {
 	f.reconcile("llama")
 	if cp := f.copyIn("a", "llama"); cp != nil {
 		t.Errorf("a copy came back in the cluster the service left: %d replicas", *cp.Spec.Replicas)
+	}
+}
+
+// The clusters a decision takes replicas from while they are unavailable
+// are remembered as failed over (for Rebalance: Never), and so is a cluster
+// of the previous decision the hub has not engaged at all: a hub restarted
+// while a spoke is down never connects to it, and its replicas move all the
+// same.
+func TestFailedOverRemembersUnavailableAndUnengagedClusters(t *testing.T) {
+	down := inventory.Cluster{Name: "down", UnavailableSince: time.Unix(1, 0)}
+	up := inventory.Cluster{Name: "up"}
+	want := func(names ...string) decision {
+		d := decision{want: map[string]int32{}}
+		for _, n := range names {
+			d.want[n] = 1
+		}
+		return d
+	}
+	cases := []struct {
+		name       string
+		before     []string
+		prev, next decision
+		clusters   []inventory.Cluster
+		failed     []string
+		events     int
+	}{
+		{"an unavailable cluster loses its replicas", nil, want("down"), want("up"), []inventory.Cluster{down, up}, []string{"down"}, 1},
+		{"an unengaged cluster loses its replicas", nil, want("gone"), want("up"), []inventory.Cluster{up}, []string{"gone"}, 0},
+		{"an available cluster left by a placement change is not failed over", nil, want("up"), want("down"), []inventory.Cluster{down, up}, nil, 0},
+		{"an unavailable cluster that keeps its replicas is not failed over", nil, want("down"), want("down"), []inventory.Cluster{down}, nil, 0},
+		{"a failed-over cluster back in the decision is forgotten", []string{"down"}, want("up"), want("down", "up"), []inventory.Cluster{down, up}, nil, 0},
+		{"a failed-over cluster stays remembered", []string{"gone"}, want("up"), want("up"), []inventory.Cluster{up}, []string{"gone"}, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			failed, moved := failedOver(c.before, c.prev, c.next, c.clusters)
+			if !slices.Equal(failed, c.failed) || len(moved) != c.events {
+				t.Errorf("failed over %v with %d failovers, want %v with %d", failed, len(moved), c.failed, c.events)
+			}
+		})
 	}
 }

@@ -46,23 +46,35 @@ type OrphanCollector struct {
 	orphans map[string]map[copyRef]time.Time
 }
 
-// Start runs the collector until ctx ends.
+// Start runs the collector until ctx ends: every interval, when clusters
+// change, and when the first pending orphan's grace period ends, so that
+// an orphan goes at the end of its grace rather than up to an interval
+// later.
 func (g *OrphanCollector) Start(ctx context.Context) error {
 	changes := g.inv.Subscribe(16)
 	t := time.NewTicker(g.interval)
 	defer t.Stop()
+	due := time.NewTimer(g.interval)
+	defer due.Stop()
+	swept := map[string]bool{}
 	for {
+		if next, ok := g.nextDue(swept); ok {
+			due.Reset(time.Until(next))
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		case <-changes:
+		case <-due.C:
 		}
+		clear(swept)
 		for _, c := range g.inv.Clusters(ctx) {
 			if c.Available() {
 				cctx, cancel := context.WithTimeout(ctx, g.timeout)
 				g.collect(cctx, c, time.Now())
 				cancel()
+				swept[c.Name] = true
 			}
 		}
 	}
@@ -117,6 +129,25 @@ func (g *OrphanCollector) collect(ctx context.Context, c inventory.Cluster, now 
 			_ = client.IgnoreNotFound(c.Client.Delete(ctx, cfg))
 		}
 	}
+}
+
+// nextDue is when the first orphan found in the swept clusters ends its
+// grace period; false when none is pending. An unavailable cluster's
+// orphans keep their time but wait for the cluster, not the timer (which
+// would fire at once, over and over, once their grace has passed).
+func (g *OrphanCollector) nextDue(swept map[string]bool) (time.Time, bool) {
+	var next time.Time
+	for cluster, orphans := range g.orphans {
+		if !swept[cluster] {
+			continue
+		}
+		for _, since := range orphans {
+			if due := since.Add(g.grace); next.IsZero() || due.Before(next) {
+				next = due
+			}
+		}
+	}
+	return next, !next.IsZero()
 }
 
 // copyRef names one copy; a copy deleted and made again is another.

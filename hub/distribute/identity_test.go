@@ -55,9 +55,21 @@ func TestOrphansAreDeletedOnlyAfterTheGracePeriod(t *testing.T) {
 	t0 := time.Now()
 	pending := func() float64 { return testutil.ToFloat64(orphansPending.WithLabelValues("a")) }
 
+	swept := map[string]bool{"a": true}
+	if _, ok := gc.nextDue(swept); ok {
+		t.Error("a sweep is due before any orphan was found")
+	}
 	gc.collect(context.Background(), a, t0)
 	if f.copyIn("a", "orphan") == nil || f.copyIn("a", "back") == nil {
 		t.Fatal("an orphan was deleted at once, before its grace period")
+	}
+	// The collector looks again when the grace ends, not at its next
+	// interval (an hour here).
+	if due, ok := gc.nextDue(swept); !ok || !due.Equal(t0.Add(time.Minute)) {
+		t.Errorf("next sweep due %v (%v), want at the end of the grace period %v", due, ok, t0.Add(time.Minute))
+	}
+	if _, ok := gc.nextDue(map[string]bool{}); ok {
+		t.Error("a sweep is due for the orphans of a cluster that was not available")
 	}
 	if got := pending(); got != 2 {
 		t.Errorf("fleetinfer_hub_orphans_pending_deletion{cluster=a} = %v, want 2", got)

@@ -27,6 +27,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
@@ -84,6 +85,10 @@ type Options struct {
 // reachable cluster to delete its copy before it goes anyway, leaving the
 // rest to the orphan collector.
 const FinalizePatience = 2 * time.Minute
+
+// finalizeRetry is how soon a deleted hub service whose copies could not
+// all be deleted is looked at again.
+const finalizeRetry = 5 * time.Second
 
 // ReasonCopiesLeft is the Event of a hub service that went before all its
 // copies did.
@@ -172,7 +177,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !svc.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, svc)
+		if err := r.finalize(ctx, svc); err != nil {
+			// Retried within finalizeRetry rather than by the queue's
+			// backoff, which after two minutes of failures waits minutes
+			// more: the patience must end on time.
+			log.FromContext(ctx).Error(err, "copies not deleted yet; retrying", "patienceLeft", FinalizePatience-time.Since(svc.DeletionTimestamp.Time))
+			return ctrl.Result{RequeueAfter: finalizeRetry}, nil
+		}
+		return ctrl.Result{}, nil
 	}
 	if controllerutil.AddFinalizer(svc, Finalizer) {
 		if err := r.hub.Update(ctx, svc); err != nil {
@@ -199,7 +211,16 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	if decideErr != nil && out.placed == nil {
 		return outcome{}, decideErr
 	}
-	asked, distErr := r.distribute(ctx, svc, out.decision, clusters, copies)
+	var clocks []v1alpha2.CopyClock
+	var stuck []v1alpha2.StuckCluster
+	if out.memory != nil {
+		clocks, stuck = out.memory.CopyClocks, out.memory.StuckClusters
+	}
+	out.staged = planRollout(out.rollout, out.decision, copies, clocks, stuck, func(cluster string) *v1alpha2.LLMInferenceService {
+		return desiredCopy(svc, r.opts.HubID, cluster, out.want[cluster], out.federation)
+	}, r.timeNow())
+	out.requeue = placement.MinPositive(out.requeue, out.staged.requeue)
+	asked, distErr := r.distribute(ctx, svc, out.decision, out.staged.hold, clusters, copies)
 	if distErr == nil && !out.keep && len(out.want) > 0 && svc.Status.ObservedGeneration != svc.Generation {
 		distributionLag.Observe(time.Since(began).Seconds())
 	}
@@ -289,7 +310,8 @@ func (r *Reconciler) writeStatus(ctx context.Context, svc *v1alpha2.LLMInference
 // events records the decision's failovers, the copies found Stuck, and the
 // transitions of the hub conditions. A condition's Event reason is its type
 // when True (Placed, Distributed, Ready) and names the loss otherwise
-// (NotPlaced, NotDistributed, NotReady).
+// (NotPlaced, NotDistributed, NotReady); a rollout's is its reason, a
+// Warning only when it stalls.
 func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.LLMInferenceServiceStatus, failovers []failover, stuck []stuckCopy) {
 	readyClusters.WithLabelValues(svc.Namespace, svc.Name).Set(float64(countReady(svc.Status.Clusters)))
 	for _, f := range failovers {
@@ -304,13 +326,13 @@ func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.
 			r.recorder.Event(svc, corev1.EventTypeWarning, "Stuck", s.event)
 		}
 	}
-	for _, t := range []v1alpha2.ConditionType{placement.Placed, Distributed, v1alpha2.Ready} {
+	for _, t := range []v1alpha2.ConditionType{placement.Placed, Distributed, v1alpha2.Ready, RolledOut} {
 		was, is := before.GetCondition(t), svc.Status.GetCondition(t)
 		if is == nil || (was != nil && was.Status == is.Status && was.Reason == is.Reason) {
 			continue
 		}
 		typ := corev1.EventTypeNormal
-		if is.Status != corev1.ConditionTrue {
+		if is.Status != corev1.ConditionTrue && is.Reason != ReasonRolloutProgressing {
 			typ = corev1.EventTypeWarning
 		}
 		msg := is.Message
@@ -322,9 +344,13 @@ func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.
 }
 
 // eventReason is the reason of the Event that marks condition c's
-// transition.
+// transition. A rollout's is its own reason (RolloutProgressing,
+// RolloutStalled, RolledOut).
 func eventReason(c *v1alpha2.Condition) string {
-	if c.Status == corev1.ConditionTrue {
+	switch {
+	case c.Type == RolledOut:
+		return c.Reason
+	case c.Status == corev1.ConditionTrue:
 		return string(c.Type)
 	}
 	return "Not" + string(c.Type)

@@ -24,8 +24,8 @@ const (
 // report sets the service's status from the outcome of deciding and what
 // the clusters hold, without API calls: the Placed condition and the
 // decision memory (status.placement) as decided, the per-cluster entries,
-// and their roll-up into Distributed and Ready; the hub's addresses are the
-// ready copies' URLs.
+// and their roll-up into Distributed and Ready, the rollout's RolledOut;
+// the hub's addresses are the ready copies' URLs.
 func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory.Cluster, copies map[string]*observed) {
 	st := &svc.Status
 	d := out.decision
@@ -139,6 +139,15 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 		st.MarkFalse(v1alpha2.Ready, ReasonClustersNotReady, "%s", strings.Join(details, "; "))
 	default:
 		st.MarkTrue(v1alpha2.Ready)
+	}
+
+	switch {
+	case d.keep:
+		// A kept decision writes nothing: the rollout stands where it was.
+	case out.staged.condition != nil:
+		st.SetCondition(*out.staged.condition)
+	default:
+		st.ClearCondition(RolledOut)
 	}
 
 	st.Addresses, st.URL = nil, nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
@@ -195,9 +196,16 @@ func tickClocks(prev []v1alpha2.CopyClock, want map[string]int32, copies map[str
 		case !o.exists || !o.ours:
 			// Nothing of the hub's to time.
 		case i < 0 || asked[name] || prev[i].Generation != o.obj.Generation:
-			out = append(out, v1alpha2.CopyClock{Cluster: name, Generation: o.obj.Generation, AskedAt: metav1.NewTime(now), Ready: o.ready})
+			c := v1alpha2.CopyClock{Cluster: name, Generation: o.obj.Generation, AskedAt: metav1.NewTime(now), Ready: o.ready}
+			if o.ready {
+				c.ReadySince = ptr.To(metav1.NewTime(now))
+			}
+			out = append(out, c)
 		default:
 			c := prev[i]
+			if o.ready && c.ReadySince == nil {
+				c.ReadySince = ptr.To(metav1.NewTime(now))
+			}
 			c.Ready = c.Ready || o.ready
 			out = append(out, c)
 		}

@@ -11,18 +11,20 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
 // peer is the directory entry of one cluster's picker, built from what its
 // copy reports, or nil while it cannot be reached. Its mode depends on the
 // cluster of the directory it goes into (peersOf).
-func (r *Reconciler) peer(ctx context.Context, svc *v1alpha2.LLMInferenceService, cluster string, cp *v1alpha2.LLMInferenceService) *fleetv1alpha1.Peer {
+func (r *Reconciler) peer(ctx context.Context, svc *v1alpha2.LLMInferenceService, c inventory.Cluster, cp *v1alpha2.LLMInferenceService) *fleetv1alpha1.Peer {
 	st := cp.Status.Federation
 	if st == nil || st.PickerAddress == "" {
 		return nil
 	}
+	cluster := c.Name
 	p := &fleetv1alpha1.Peer{Cluster: cluster, FederationAddress: st.PickerAddress, GatewayAddress: st.GatewayAddress,
-		Identity: r.identity(cluster, svc)}
+		Identity: r.identity(cluster, svc), EndpointCIDRs: endpointCIDRs(ctx, c)}
 	// The addresses come from the spoke; one it got wrong must not make
 	// every other cluster's picker refuse its whole directory.
 	if err := p.Validate(); err != nil {
@@ -30,6 +32,22 @@ func (r *Reconciler) peer(ctx context.Context, svc *v1alpha2.LLMInferenceService
 		return nil
 	}
 	return p
+}
+
+// endpointCIDRs are the address ranges the registration of c says its pods
+// use (fleetv1alpha1.PodCIDRsProperty); nil when it says none or nothing
+// valid, and then pickers check only the address classes.
+func endpointCIDRs(ctx context.Context, c inventory.Cluster) []string {
+	v := c.Properties[fleetv1alpha1.PodCIDRsProperty]
+	if v == "" {
+		return nil
+	}
+	cidrs, err := fleetv1alpha1.ParseCIDRs(v)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "pod ranges of the cluster's registration ignored", "cluster", c.Name, "property", fleetv1alpha1.PodCIDRsProperty)
+		return nil
+	}
+	return cidrs
 }
 
 // peersOf lists the peers in m's directory: every other member whose
@@ -74,7 +92,7 @@ func (r *Reconciler) identity(cluster string, svc *v1alpha2.LLMInferenceService)
 
 // ensureDirectory writes the peer directory of m (peersOf).
 func (r *Reconciler) ensureDirectory(ctx context.Context, svc *v1alpha2.LLMInferenceService, m member, peers []fleetv1alpha1.Peer) error {
-	dir := fleetv1alpha1.PeerDirectory{Peers: peers}
+	dir := fleetv1alpha1.PeerDirectory{Peers: peers, OwnEndpointCIDRs: endpointCIDRs(ctx, m.cluster)}
 	data, err := yaml.Marshal(dir)
 	if err != nil {
 		return err

@@ -174,7 +174,7 @@ func (r *Reconciler) members(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 			retired = append(retired, m)
 			continue
 		}
-		m.peer = r.peer(ctx, svc, c.Name, cp)
+		m.peer = r.peer(ctx, svc, c, cp)
 		members = append(members, m)
 	}
 	return sortedMembers(members), retired

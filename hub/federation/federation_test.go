@@ -61,6 +61,8 @@ type spoke struct {
 	// podNetwork is the cluster's pod-network label: every spoke shares
 	// one unless a test says otherwise ("" for none).
 	podNetwork string
+	// podCIDRs is the registration's fleetv1alpha1.PodCIDRsProperty.
+	podCIDRs string
 }
 
 func newSpoke(t *testing.T, name string, objs ...client.Object) *spoke {
@@ -87,7 +89,8 @@ func (s *spoke) cluster() inventory.Cluster {
 	}
 	cached := interceptor.NewClient(s.api, funcs)
 	return inventory.Cluster{Name: s.name, Client: cached, Reader: s.api,
-		Labels: map[string]string{"name": s.name, fleetv1alpha1.PodNetworkLabel: s.podNetwork}}
+		Labels:     map[string]string{"name": s.name, fleetv1alpha1.PodNetworkLabel: s.podNetwork},
+		Properties: map[string]string{fleetv1alpha1.PodCIDRsProperty: s.podCIDRs}}
 }
 
 // copyOf is the hub's copy of the service in a cluster, federated in mode,
@@ -390,6 +393,35 @@ func threeReporting(t *testing.T) *fixture {
 		newSpoke(t, "east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.0.1.1:9004", ""))),
 		newSpoke(t, "west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.0.2.1:9004", ""))),
 		newSpoke(t, "central", copyOf("central", fleetv1alpha1.FederationEndpoint, reports("10.0.3.1:9004", ""))))
+}
+
+func TestDirectoriesCarryTheRangesOfEachClustersRegistration(t *testing.T) {
+	east := newSpoke(t, "east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.1.0.5:9004", "")))
+	west := newSpoke(t, "west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.2.0.5:9004", "")))
+	central := newSpoke(t, "central", copyOf("central", fleetv1alpha1.FederationEndpoint, reports("10.3.0.5:9004", "")))
+	east.podCIDRs, west.podCIDRs, central.podCIDRs = "10.1.0.0/16, fd00:1::/64", "10.2.0.0/16", "not a range"
+	f := newFixture(t, east, west, central)
+	f.reconcile(t)
+	cm := &corev1.ConfigMap{}
+	if err := east.api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svcName)}, cm); err != nil {
+		t.Fatal(err)
+	}
+	d, err := fleetv1alpha1.ParsePeerDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"10.1.0.0/16", "fd00:1::/64"}; !slices.Equal(d.OwnEndpointCIDRs, want) {
+		t.Errorf("east's own ranges %q, want %q", d.OwnEndpointCIDRs, want)
+	}
+	got := map[string][]string{}
+	for _, p := range d.Peers {
+		got[p.Cluster] = p.EndpointCIDRs
+	}
+	// central's property does not parse: its entry carries no ranges, and
+	// pickers check only the address classes.
+	if !slices.Equal(got["west"], []string{"10.2.0.0/16"}) || got["central"] != nil {
+		t.Errorf("peer ranges in east's directory %q, want west's 10.2.0.0/16 and none for central", got)
+	}
 }
 
 func TestAPickerMovingRewritesOnlyTheOtherDirectories(t *testing.T) {

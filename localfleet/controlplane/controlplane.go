@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -307,6 +308,22 @@ func (c *ControlPlane) startAPIServer(ctx context.Context) error {
 		return err
 	}
 	return WaitHTTP(ctx, p, rc, c.URL()+"/readyz", 60*time.Second)
+}
+
+// RestartAPIServer stops the API server alone (SIGTERM, then SIGKILL after
+// StopGrace) and starts a new one on the same address and data, as a
+// rolling upgrade or a crash of that one process does; etcd and the other
+// components keep running. It returns when the new one is ready.
+func (c *ControlPlane) RestartAPIServer(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := slices.IndexFunc(c.procs, func(p *process.Process) bool { return p.Name == c.opts.Name+"/kube-apiserver" })
+	if i < 0 {
+		return fmt.Errorf("controlplane %s: the API server is not running", c.opts.Name)
+	}
+	c.procs[i].Stop(StopGrace)
+	c.procs = slices.Delete(c.procs, i, i+1)
+	return c.startAPIServer(ctx)
 }
 
 // startComponent runs a controller binary against this API server as the

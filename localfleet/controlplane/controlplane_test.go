@@ -81,16 +81,8 @@ func TestUserConfigIsSubjectToRBAC(t *testing.T) {
 // process behind.
 func TestRestartKeepsDataAndStopLeavesNothingRunning(t *testing.T) {
 	reg := &process.Registry{}
-	cp := start(t, reg)
+	cp, cs := startWithData(t, reg)
 	ctx := context.Background()
-	cs, err := kubernetes.NewForConfig(cp.Admin())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: "default"}, Data: map[string]string{"k": "v"}}
-	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	cp.Stop()
 	if alive := reg.Alive(); len(alive) > 0 {
 		t.Fatalf("still running after Stop: %v", alive)
@@ -108,4 +100,53 @@ func TestRestartKeepsDataAndStopLeavesNothingRunning(t *testing.T) {
 	if got.Data["k"] != "v" {
 		t.Fatalf("configmap data = %v", got.Data)
 	}
+}
+
+// Restarting the API server alone replaces that one process: the new one
+// serves the same data at the same address, and etcd keeps running.
+func TestRestartAPIServerReplacesOnlyTheAPIServer(t *testing.T) {
+	reg := &process.Registry{}
+	cp, cs := startWithData(t, reg)
+	ctx := context.Background()
+	pids := map[string]int{}
+	for _, p := range reg.Started() {
+		pids[p.Name] = p.PID()
+	}
+	if err := cp.RestartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("default").Get(ctx, "kept", metav1.GetOptions{}); err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+	apiservers := 0
+	for _, p := range reg.Started() {
+		switch {
+		case p.Name == cp.Name()+"/kube-apiserver":
+			apiservers++
+			if p.Exited() == (p.PID() != pids[p.Name]) {
+				t.Errorf("API server pid %d exited=%v; the first was %d", p.PID(), p.Exited(), pids[p.Name])
+			}
+		case p.Exited():
+			t.Errorf("%s exited", p.Name)
+		}
+	}
+	if apiservers != 2 {
+		t.Errorf("%d API servers started, want the first and its replacement", apiservers)
+	}
+}
+
+// startWithData starts a control plane holding ConfigMap default/kept
+// (k=v), for tests of what a restart keeps.
+func startWithData(t *testing.T, reg *process.Registry) (*controlplane.ControlPlane, kubernetes.Interface) {
+	t.Helper()
+	cp := start(t, reg)
+	cs, err := kubernetes.NewForConfig(cp.Admin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: "default"}, Data: map[string]string{"k": "v"}}
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return cp, cs
 }

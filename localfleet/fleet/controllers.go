@@ -43,35 +43,47 @@ func (f *Fleet) startHubController(ctx context.Context) error {
 	if provider == "" {
 		provider = "kubeconfig"
 	}
-	return f.startController(ctx, hub, f.opts.Binaries.Hub, "hub-controller", append([]string{
+	f.hubArgs = append([]string{
 		"--kubeconfig=" + kubeconfig,
 		"--cluster-namespace=" + Namespace,
 		"--cluster-provider=" + provider,
 		"--probe-interval=1s",
 		"--orphan-collection-interval=10s",
-	}, f.opts.HubArgs...))
+	}, f.opts.HubArgs...)
+	if f.opts.HubReplicas > 1 {
+		f.hubArgs = append(f.hubArgs, "--leader-elect", "--leader-election-namespace="+Namespace)
+	}
+	for range max(f.opts.HubReplicas, 1) {
+		if _, err := f.StartHubReplica(ctx); err != nil {
+			return err
+		}
+	}
+	_, err = f.HubLeader(ctx, time.Minute)
+	return err
 }
 
 // startSpokeController runs bin/spoke against the spoke as a separate
 // process, as it runs in a real cluster, and waits until it reports ready.
 // It uses the admin identity; the Helm chart's RBAC is proven separately.
 func (f *Fleet) startSpokeController(ctx context.Context, s *Cluster) error {
-	return f.startController(ctx, s, f.opts.Binaries.Spoke, "spoke-controller", []string{
+	_, err := f.startController(ctx, s, f.opts.Binaries.Spoke, "spoke-controller", []string{
 		"--kubeconfig=" + s.AdminKubeconfig(),
 		"--system-namespace=" + Namespace,
 		"--default-gateway=" + Namespace + "/" + GatewayName,
 	})
+	return err
 }
 
 // startController runs a controller binary on loopback metrics and probe
-// ports and waits until it reports ready.
-func (f *Fleet) startController(ctx context.Context, c *Cluster, bin, name string, args []string) error {
+// ports, makes it the cluster's ControllerMetrics and waits until it
+// reports ready.
+func (f *Fleet) startController(ctx context.Context, c *Cluster, bin, name string, args []string) (*process.Process, error) {
 	if _, err := os.Stat(bin); err != nil {
-		return fmt.Errorf("%s is missing: run `make build` first", bin)
+		return nil, fmt.Errorf("%s is missing: run `make build` first", bin)
 	}
 	ports, err := controlplane.FreePorts(2)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	probe := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
 	metrics := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
@@ -82,8 +94,8 @@ func (f *Fleet) startController(ctx context.Context, c *Cluster, bin, name strin
 		LogPath: filepath.Join(c.Dir(), "logs", name+".log"),
 	}, f.Registry)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.ControllerMetrics = "http://" + metrics + "/metrics"
-	return controlplane.WaitHTTP(ctx, p, http.DefaultClient, "http://"+probe+"/readyz", time.Minute)
+	return p, controlplane.WaitHTTP(ctx, p, http.DefaultClient, "http://"+probe+"/readyz", time.Minute)
 }

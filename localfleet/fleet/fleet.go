@@ -71,6 +71,9 @@ type Options struct {
 	NoLeaderWorkerSet bool
 	// HubArgs are extra flags for bin/hub.
 	HubArgs []string
+	// HubReplicas is how many bin/hub processes run (default 1); above 1
+	// they elect a leader, as the install manifests' replicas do.
+	HubReplicas int
 	// ClusterProvider is how bin/hub finds the spokes (its
 	// --cluster-provider): "" or "kubeconfig" for the kubeconfig Secrets,
 	// "clusterprofile" for the ClusterProfiles; the fleet writes both.
@@ -109,7 +112,8 @@ type Cluster struct {
 	// link between them (APIAddress). The fleet's own clients use URL().
 	HubURL string
 	// ControllerMetrics is the Prometheus endpoint of fleetinfer's
-	// controller in this cluster, empty when it does not run one.
+	// controller in this cluster, empty when it does not run one; on the
+	// hub, the leading replica's as HubLeader last found it.
 	ControllerMetrics string
 	Spec              SpokeSpec
 }
@@ -133,6 +137,12 @@ type Fleet struct {
 	cancel   context.CancelFunc
 	agents   sync.WaitGroup
 	stopOnce sync.Once
+
+	// hubArgs are bin/hub's flags; hubs every replica started.
+	hubArgs     []string
+	hubMu       sync.Mutex
+	hubs        []*HubReplica
+	hubsStarted int
 }
 
 // Namespace holds the fleet's registration objects on the hub.
@@ -390,7 +400,10 @@ func (f *Fleet) startKubelet(ctx context.Context, c *Cluster, index int) error {
 			kubelet.SimulatorRuntime{Binary: b.Simulator, Repos: kubelet.DefaultModelServerImages, DefaultArgs: c.Spec.SimulatorArgs},
 			kubelet.BinaryRuntime{Description: "fleetinfer EPP images as bin/epp", Repos: []string{"fleetinfer/epp"}, Binary: b.EPP,
 				PortFlags:  map[string]int32{"grpc-port": 9002, "grpc-health-port": 9003, "metrics-port": 9090, "federation-port": 9004},
-				PodIPFlags: []string{fleetv1alpha1.FlagFederationSourceAddress}},
+				PodIPFlags: []string{fleetv1alpha1.FlagFederationSourceAddress},
+				// Pods live on loopback here; each spoke's range still
+				// bounds its peers' endpoints (PodCIDRsProperty).
+				Args: []string{"--" + fleetv1alpha1.FlagFederationAllowLoopback}},
 			kubelet.BinaryRuntime{Description: "fleetinfer spoke images as bin/spoke", Repos: []string{"fleetinfer/spoke"}, Binary: b.Spoke,
 				AddressFlags: map[string]int32{"metrics-bind-address": 8080, "health-probe-bind-address": 8081}},
 			kubelet.CompletedRuntime{Description: "KServe storage-initializer (no model weights to fetch)", Repos: []string{"kserve/storage-initializer"}},

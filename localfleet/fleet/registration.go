@@ -318,6 +318,9 @@ func claims(s *Cluster, nodes []corev1.Node) []clusterv1.ManagedClusterClaim {
 		{Name: "id.k8s.io", Value: s.Name()},
 		{Name: "kubeversion.open-cluster-management.io", Value: "v1.36.3"},
 		{Name: "platform.open-cluster-management.io", Value: "LocalFleet"},
+		// The hub publishes the range with the spoke's entry in peer
+		// directories: pickers refuse its endpoints outside it.
+		{Name: fleetv1alpha1.PodCIDRsProperty, Value: SpokeNetwork(s.NetworkIndex).String()},
 	}
 	if r := s.Spec.Labels["region"]; r != "" {
 		out = append(out, clusterv1.ManagedClusterClaim{Name: "region.open-cluster-management.io", Value: r})

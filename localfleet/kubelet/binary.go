@@ -28,6 +28,9 @@ type BinaryRuntime struct {
 	// of its connections, as a real pod's connections leave from its pod IP
 	// (the local fleet's network tells clusters apart by source address).
 	PodIPFlags []string
+	// Args are added to every container's: settings the local fleet itself
+	// needs of the binary.
+	Args []string
 }
 
 // flagDefault returns the default port of a port or address flag.
@@ -116,5 +119,5 @@ func (r BinaryRuntime) Prepare(c *Container) (*Launch, error) {
 			out = append(out, "--"+name+"="+c.PodIP)
 		}
 	}
-	return &Launch{Path: r.Binary, Args: out, Env: c.Env, Ports: ports}, nil
+	return &Launch{Path: r.Binary, Args: append(out, r.Args...), Env: c.Env, Ports: ports}, nil
 }

@@ -100,11 +100,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !svc.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, r.finalize(ctx, svc)
 	}
-	if controllerutil.AddFinalizer(svc, Finalizer) {
-		if err := r.Update(ctx, svc); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
 	before := svc.Status.DeepCopy()
 	result, recErr := r.reconcile(ctx, svc)
 	svc.Status.ObservedGeneration = svc.Generation
@@ -176,17 +171,37 @@ func (r *Reconciler) teardown(ctx context.Context, svc *v1alpha2.LLMInferenceSer
 }
 
 // finalize removes the cluster-scoped children (which owner references
-// cannot clean up) and then the finalizer; the API server's garbage
+// cannot clean up), which releases the finalizer; the API server's garbage
 // collector removes the rest.
 func (r *Reconciler) finalize(ctx context.Context, svc *v1alpha2.LLMInferenceService) error {
 	if !controllerutil.ContainsFinalizer(svc, Finalizer) {
 		return nil
 	}
-	if err := r.removeClusterScoped(ctx, svc, svc); err != nil {
+	return r.removeClusterScoped(ctx, svc, svc)
+}
+
+// setFinalizer puts the finalizer on svc (hold) or takes it off. A service
+// holds it only while it has a cluster-scoped child, so that deleting a
+// service, or its namespace, never waits on this controller otherwise (an
+// uninstalled controller wedges nothing but those). The update goes from a
+// copy: the reconcile's status in progress stays as it is.
+func (r *Reconciler) setFinalizer(ctx context.Context, svc *v1alpha2.LLMInferenceService, hold bool) error {
+	cp := svc.DeepCopy()
+	changed := controllerutil.RemoveFinalizer(cp, Finalizer)
+	if hold {
+		changed = controllerutil.AddFinalizer(cp, Finalizer)
+	}
+	if !changed {
+		return nil
+	}
+	if err := r.Update(ctx, cp); err != nil {
+		if !hold {
+			return client.IgnoreNotFound(err)
+		}
 		return err
 	}
-	controllerutil.RemoveFinalizer(svc, Finalizer)
-	return client.IgnoreNotFound(r.Update(ctx, svc))
+	svc.Finalizers, svc.ResourceVersion = cp.Finalizers, cp.ResourceVersion
+	return nil
 }
 
 // updateStatus writes the status if it changed, retrying on conflicts

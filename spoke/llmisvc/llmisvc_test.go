@@ -13,6 +13,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
@@ -269,8 +270,11 @@ spec:
 	if !strings.Contains(args, "--pool-name routed-inference-pool") || !strings.Contains(args, "--pool-namespace "+ns) || !strings.Contains(args, "--secure-serving=false") {
 		t.Errorf("epp args %s", args)
 	}
-	if epp.Spec.Template.Spec.ServiceAccountName != "routed-epp-sa" || epp.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
-		t.Errorf("epp sa %q strategy %q", epp.Spec.Template.Spec.ServiceAccountName, epp.Spec.Strategy.Type)
+	// A single picker is surged, never recreated: the old one serves until
+	// the new one is Ready.
+	if ru := epp.Spec.Strategy.RollingUpdate; epp.Spec.Template.Spec.ServiceAccountName != "routed-epp-sa" ||
+		epp.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil || ru.MaxUnavailable.String() != "0" || ru.MaxSurge.String() != "1" {
+		t.Errorf("epp sa %q strategy %+v", epp.Spec.Template.Spec.ServiceAccountName, epp.Spec.Strategy)
 	}
 	eppSvc := &corev1.Service{}
 	get(t, key(ns, "routed-epp-service"), eppSvc)
@@ -862,4 +866,59 @@ spec:
 		}
 		return nil
 	})
+}
+
+// A service holds the finalizer only while it has a cluster-scoped child
+// (its picker's auth-delegator binding, when the picker authenticates
+// /metrics callers): the default picker has none, so deleting such a
+// service, or its namespace, never waits for this controller.
+func TestOnlyAServiceWithAClusterScopedChildHoldsTheFinalizer(t *testing.T) {
+	ns := testutil.NewNamespace(t, c)
+	svc := service(t, ns, `
+metadata: {name: light}
+spec:
+  model: {uri: "hf://facebook/opt-125m"}
+  router:
+    scheduler:
+      template:
+        containers:
+        - name: main
+          args: [--pool-name, light-inference-pool, --metrics-endpoint-auth=false]
+  template: {containers: [{name: main, image: vllm/vllm-openai:v0.11.0}]}
+`)
+	binding := key("", ns+"-light-epp-auth-rb")
+	finalizer := func(want bool) {
+		t.Helper()
+		testutil.Eventually(t, waitTimeout, fmt.Sprintf("finalizer held: %v", want), func(ctx context.Context) error {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
+				return err
+			}
+			if got := slices.Contains(svc.Finalizers, llmisvc.Finalizer); got != want || svc.Status.ObservedGeneration != svc.Generation {
+				return fmt.Errorf("finalizers %v at observed generation %d of %d", svc.Finalizers, svc.Status.ObservedGeneration, svc.Generation)
+			}
+			return nil
+		})
+	}
+	setArgs := func(args ...string) {
+		t.Helper()
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if err := c.Get(context.Background(), client.ObjectKeyFromObject(svc), svc); err != nil {
+				return err
+			}
+			svc.Spec.Router.Scheduler.Template.Containers[0].Args = args
+			return c.Update(context.Background(), svc)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get(t, key(ns, "light-kserve-router-scheduler"), &appsv1.Deployment{})
+	finalizer(false)
+
+	setArgs("--pool-name", "light-inference-pool")
+	get(t, binding, &rbacv1.ClusterRoleBinding{})
+	finalizer(true)
+
+	setArgs("--pool-name", "light-inference-pool", "--metrics-endpoint-auth=false")
+	gone(t, binding, &rbacv1.ClusterRoleBinding{})
+	finalizer(false)
 }

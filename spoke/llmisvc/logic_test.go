@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
@@ -53,6 +54,56 @@ func TestPresetsFollowTheServiceShape(t *testing.T) {
 	for _, c := range cases {
 		if got := strings.Join(r.presetsFor(&c.spec), " "); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// A Deployment rolling out a new pod template is not ready while old pods
+// remain, though they keep it Available: the service does not run its
+// current spec yet.
+func TestADeploymentIsReadyOnlyOnceItsCurrentTemplateRunsEveryReplica(t *testing.T) {
+	available := appsv1.DeploymentCondition{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue}
+	stalled := appsv1.DeploymentCondition{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse,
+		Reason: "ProgressDeadlineExceeded", Message: "ReplicaSet has timed out progressing"}
+	cases := []struct {
+		name                   string
+		replicas, total, fresh int32
+		conds                  []appsv1.DeploymentCondition
+		want                   string // the condition's reason, "" for True
+	}{
+		{"rolled out", 2, 2, 2, []appsv1.DeploymentCondition{available}, ""},
+		{"a new pod surged next to the old one", 1, 2, 1, []appsv1.DeploymentCondition{available}, "RolloutInProgress"},
+		{"half the replicas updated", 2, 2, 1, []appsv1.DeploymentCondition{available}, "RolloutInProgress"},
+		{"scaling up the current template", 3, 3, 3, []appsv1.DeploymentCondition{available}, ""},
+		{"the rollout's deadline passed", 1, 2, 1, []appsv1.DeploymentCondition{available, stalled}, "ProgressDeadlineExceeded"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := &appsv1.Deployment{Spec: appsv1.DeploymentSpec{Replicas: ptr.To(c.replicas)},
+				Status: appsv1.DeploymentStatus{Replicas: c.total, UpdatedReplicas: c.fresh, Conditions: c.conds}}
+			st := &v1alpha2.Status{}
+			deploymentReadiness(st, v1alpha2.MainWorkloadReady, d)
+			got := st.GetCondition(v1alpha2.MainWorkloadReady)
+			if (c.want == "") != (got.Status == corev1.ConditionTrue) || (c.want != "" && got.Reason != c.want) {
+				t.Errorf("condition %+v, want reason %q", got, c.want)
+			}
+		})
+	}
+}
+
+// A single picker is surged and the old one stays until the new one is
+// Ready; leader-elected pickers (only the leader is Ready) may all go at
+// once, or the new ones could never take the lease.
+func TestThePickerRollsWithoutAGapWhereItCan(t *testing.T) {
+	cases := []struct {
+		replicas                 int32
+		maxSurge, maxUnavailable string
+	}{{1, "1", "0"}, {3, "1", "100%"}}
+	for _, c := range cases {
+		s := pickerRollout(c.replicas)
+		if s.Type != appsv1.RollingUpdateDeploymentStrategyType || s.RollingUpdate == nil ||
+			s.RollingUpdate.MaxSurge.String() != c.maxSurge || s.RollingUpdate.MaxUnavailable.String() != c.maxUnavailable {
+			t.Errorf("%d replicas: strategy %+v, want RollingUpdate maxSurge %s maxUnavailable %s", c.replicas, s, c.maxSurge, c.maxUnavailable)
 		}
 	}
 }

@@ -9,7 +9,8 @@ import (
 )
 
 const (
-	// Finalizer guards cluster-scoped children, which have no owner reference.
+	// Finalizer guards cluster-scoped children, which have no owner
+	// reference; only a service that has one holds it (setFinalizer).
 	Finalizer = "serving.kserve.io/llmisvc-finalizer"
 	// ModelRoutingAnnotation is a preset switch that must not reach pods.
 	ModelRoutingAnnotation = "serving.kserve.io/model-based-routing-enabled"

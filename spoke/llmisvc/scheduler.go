@@ -156,6 +156,11 @@ func (r *Reconciler) reconcileEPPIdentity(ctx context.Context, svc *v1alpha2.LLM
 		}),
 	}
 	if metricsAuthEnabled(tmpl) {
+		if owner == client.Object(svc) {
+			if err := r.setFinalizer(ctx, svc, true); err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+		}
 		errs = append(errs, ensure(ctx, r, owner, &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: eppAuthBindingName(svc), Labels: withLabels(labels, ownerNamespaceLabel, svc.Namespace)},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:auth-delegator"},
@@ -178,13 +183,20 @@ func metricsAuthEnabled(pod *corev1.PodSpec) bool {
 	return true
 }
 
+// removeClusterScoped removes the cluster-scoped children of owner; a
+// service then needs its finalizer no more.
 func (r *Reconciler) removeClusterScoped(ctx context.Context, svc *v1alpha2.LLMInferenceService, owner client.Object) error {
-	return remove(ctx, r, owner, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppAuthBindingName(svc)}})
+	if err := remove(ctx, r, owner, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: eppAuthBindingName(svc)}}); err != nil {
+		return err
+	}
+	if owner != client.Object(svc) {
+		return nil
+	}
+	return r.setFinalizer(ctx, svc, false)
 }
 
-// desiredEPPDeployment is the endpoint picker: one active replica (Recreate,
-// so two pickers never run against one pool without leader election), its
-// EndpointPickerConfig passed as --config-text.
+// desiredEPPDeployment is the endpoint picker, its EndpointPickerConfig
+// passed as --config-text, rolled by pickerRollout.
 func (r *Reconciler) desiredEPPDeployment(svc *v1alpha2.LLMInferenceService, sch *v1alpha2.SchedulerSpec, pod *corev1.PodSpec, labels map[string]string) (*appsv1.Deployment, error) {
 	replicas := ptr.Deref(sch.Replicas, 1)
 	podLabels := withLabels(labels)
@@ -219,13 +231,39 @@ func (r *Reconciler) desiredEPPDeployment(svc *v1alpha2.LLMInferenceService, sch
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To(replicas),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Strategy: pickerRollout(replicas),
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: sch.Annotations},
 				Spec:       *pod,
 			},
 		},
 	}, nil
+}
+
+// pickerRollout replaces the endpoint picker without a gap in routing where
+// it can. A single picker (no leader election) is surged: the new one runs
+// next to the old until it is Ready (its datastore synced, its gRPC health
+// serving), and only then does the old one go, so the gateway always has a
+// Ready picker. For that moment two pickers pick for the pool, each from its
+// own view, which GIE's pickers without leader election are built for; they
+// share the service account and the federation certificate Secret, and the
+// federation Service sends a peer's subscription to either, so peers
+// resubscribe (within the reconnect backoff) when the old one goes, and keep
+// the last view they had meanwhile.
+//
+// With leader election (replicas > 1) only the leader reports Ready, so the
+// Deployment counts one available pod whatever it runs, and a new pod cannot
+// turn Ready while the old leader holds the lease: every old pod may go at
+// once (maxUnavailable 100%), the old leader releases the lease as it stops,
+// and a new pod takes it within the lease's retry period. That handover is
+// the gap left; Recreate would add the old pods' whole termination to it.
+func pickerRollout(replicas int32) appsv1.DeploymentStrategy {
+	surge, unavailable := intstr.FromInt32(1), intstr.FromInt32(0)
+	if replicas > 1 {
+		unavailable = intstr.FromString("100%")
+	}
+	return appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
+		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: &surge, MaxUnavailable: &unavailable}}
 }
 
 // eppPortNames are the endpoint picker's ports the EPP Service exposes.

@@ -128,7 +128,10 @@ func (r *Reconciler) reconcileDeployment(ctx context.Context, svc *v1alpha2.LLMI
 
 // deploymentReadiness follows the Deployment's own conditions: Available
 // means ready, Progressing=False (for example a deadline exceeded) means
-// failed.
+// failed. A rollout of a new pod template is not ready until it has
+// replaced every old pod, as kubectl rollout status judges it: the old pods
+// keep the Deployment Available, but the service does not run its current
+// spec, which is what the hub's health gates ask.
 func deploymentReadiness(st *v1alpha2.Status, t v1alpha2.ConditionType, d *appsv1.Deployment) {
 	if d.Status.ObservedGeneration < d.Generation {
 		st.MarkFalse(t, "RolloutPending", "Deployment %s: the controller has not observed generation %d yet", d.Name, d.Generation)
@@ -143,6 +146,11 @@ func deploymentReadiness(st *v1alpha2.Status, t v1alpha2.ConditionType, d *appsv
 		if c.Type == appsv1.DeploymentAvailable {
 			available = &d.Status.Conditions[i]
 		}
+	}
+	if want := ptr.Deref(d.Spec.Replicas, 1); d.Status.UpdatedReplicas < want || d.Status.Replicas > d.Status.UpdatedReplicas {
+		st.MarkFalse(t, "RolloutInProgress", "Deployment %s: rolling out its current pod template: %d of %d replicas updated, %d old ones still running",
+			d.Name, d.Status.UpdatedReplicas, want, max(d.Status.Replicas-d.Status.UpdatedReplicas, 0))
+		return
 	}
 	switch {
 	case available == nil:

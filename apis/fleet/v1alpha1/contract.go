@@ -98,6 +98,11 @@ const (
 	// a picker on a host with several addresses. Empty lets the system
 	// choose.
 	FlagFederationSourceAddress = "federation-source-address"
+	// FlagFederationAllowLoopback admits peers' endpoints at loopback
+	// addresses, which pickers otherwise refuse: for a fleet that lives on
+	// loopback (the local fleet runs its pickers with it); each peer's
+	// EndpointCIDRs still apply.
+	FlagFederationAllowLoopback = "federation-allow-loopback"
 )
 
 // FederationServiceName is the Service, next to a service's copy, of type

@@ -64,6 +64,10 @@ type InferencePlacementSpec struct {
 	// +optional
 	Failover Failover `json:"failover,omitempty"`
 
+	// Rollout says how a change to a service reaches its clusters.
+	// +optional
+	Rollout Rollout `json:"rollout,omitempty"`
+
 	// Federation connects the endpoint pickers of the clusters a service is
 	// placed on, so that each can pick the fleet's best pod.
 	// +optional
@@ -212,6 +216,57 @@ type Failover struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=10
 	ReadyTimeoutSeconds *int32 `json:"readyTimeoutSeconds,omitempty"`
+}
+
+// RolloutStrategy names how a change to a service reaches its clusters.
+// +kubebuilder:validation:Enum=All;Progressive
+type RolloutStrategy string
+
+const (
+	// RolloutAll writes a change to every cluster at once.
+	RolloutAll RolloutStrategy = "All"
+	// RolloutProgressive writes a change to a few clusters at a time, and to
+	// the next ones only once those run it Ready.
+	RolloutProgressive RolloutStrategy = "Progressive"
+)
+
+// Rollout stages a change to a service (its spec, labels or annotations;
+// not its replica count) across the clusters it runs in, as OCM's
+// ManifestWorkReplicaSet rolloutStrategy does for manifests. A stage is
+// healthy when every updated copy reports Ready at its current generation
+// and has stayed Ready for minReadySeconds. A stage not healthy within
+// progressDeadlineSeconds, or a copy found Stuck (failover), stalls the
+// rollout: no further cluster is
+// updated, the clusters not yet updated keep running the previous spec, and
+// the service's RolledOut condition says RolloutStalled and why. A copy
+// that is not Ready is updated at once, outside maxConcurrentClusters: it
+// serves nothing the update could take away, and a fix (a new change) so
+// reaches the clusters a bad version broke first. Clusters that newly get
+// the service get the current spec.
+//
+// +kubebuilder:validation:XValidation:rule="self.strategy == 'Progressive' || (!has(self.maxConcurrentClusters) && !has(self.minReadySeconds) && !has(self.progressDeadlineSeconds))",message="maxConcurrentClusters, minReadySeconds and progressDeadlineSeconds are only used by the Progressive strategy"
+type Rollout struct {
+	// +optional
+	// +kubebuilder:default=All
+	Strategy RolloutStrategy `json:"strategy,omitempty"`
+
+	// MaxConcurrentClusters is how many clusters are updated at once
+	// (Progressive; 1 when unset).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MaxConcurrentClusters *int32 `json:"maxConcurrentClusters,omitempty"`
+
+	// MinReadySeconds is how long an updated copy must stay Ready before
+	// the next clusters are updated (Progressive; 0 when unset).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	MinReadySeconds *int32 `json:"minReadySeconds,omitempty"`
+
+	// ProgressDeadlineSeconds is how long an updated copy may take to turn
+	// Ready before the rollout stalls (Progressive; 600 when unset).
+	// +optional
+	// +kubebuilder:validation:Minimum=10
+	ProgressDeadlineSeconds *int32 `json:"progressDeadlineSeconds,omitempty"`
 }
 
 // FederationMode is how requests reach the pods of another cluster.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -22,6 +23,59 @@ import (
 // +kubebuilder:object:generate=false
 type PeerDirectory struct {
 	Peers []Peer `json:"peers"`
+	// OwnEndpointCIDRs are the address ranges of the reading picker's own
+	// cluster's endpoints: a peer's endpoint inside them is refused, so a
+	// peer cannot steer requests to this cluster's own pods.
+	OwnEndpointCIDRs []string `json:"ownEndpointCIDRs,omitempty"`
+}
+
+// MaxEndpointCIDRs bounds the ranges of one cluster.
+const MaxEndpointCIDRs = 32
+
+// PodCIDRsProperty is the ClusterProfile property (or OCM cluster claim) by
+// which a cluster's registration names the address ranges its endpoints
+// (pods) use, comma separated. The hub publishes them with the cluster's
+// entry in peer directories (Peer.EndpointCIDRs).
+const PodCIDRsProperty = "podcidrs.fleet.fleetinfer.io"
+
+// ParseCIDRs parses a comma-separated list of address ranges, as
+// PodCIDRsProperty holds them.
+func ParseCIDRs(s string) ([]string, error) {
+	var out []string
+	for _, c := range strings.Split(s, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p.Masked().String())
+	}
+	return out, validCIDRs(out)
+}
+
+// Prefixes returns the ranges of validated CIDRs.
+func Prefixes(cidrs []string) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(cidrs))
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
+
+func validCIDRs(cidrs []string) error {
+	if len(cidrs) > MaxEndpointCIDRs {
+		return fmt.Errorf("%d address ranges, at most %d", len(cidrs), MaxEndpointCIDRs)
+	}
+	for _, c := range cidrs {
+		if _, err := netip.ParsePrefix(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // MaxPeers bounds a directory, so a picker never holds more subscriptions
@@ -56,6 +110,12 @@ type Peer struct {
 	// and behind its Parent-mode marks, but never dial it or send it
 	// requests, so it has no address and no mode.
 	SubscribeOnly bool `json:"subscribeOnly,omitempty"`
+	// EndpointCIDRs are the address ranges the peer's endpoints may use (its
+	// pod ranges, from its registration's PodCIDRsProperty): pickers refuse
+	// the peer's endpoints outside them. Without them only the address
+	// classes no endpoint has (loopback, link-local, unspecified, multicast)
+	// and the reading cluster's own ranges are refused.
+	EndpointCIDRs []string `json:"endpointCIDRs,omitempty"`
 }
 
 // PoolRef names an InferencePool; the same namespace and name identify it in
@@ -96,9 +156,12 @@ func (d *PeerDirectory) Validate() error {
 	if len(d.Peers) > MaxPeers {
 		return fmt.Errorf("peer directory lists %d peers, at most %d", len(d.Peers), MaxPeers)
 	}
+	var errs []error
+	if err := validCIDRs(d.OwnEndpointCIDRs); err != nil {
+		errs = append(errs, fmt.Errorf("ownEndpointCIDRs: %w", err))
+	}
 	type key struct{ cluster, pool string }
 	seen := map[key]bool{}
-	var errs []error
 	for i, p := range d.Peers {
 		if err := p.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("peers[%d]: %w", i, err))
@@ -127,9 +190,12 @@ func (p Peer) Validate() error {
 	if p.Identity == "" {
 		return errors.New("identity is required: peers authenticate each other by it")
 	}
+	if err := validCIDRs(p.EndpointCIDRs); err != nil {
+		return fmt.Errorf("endpointCIDRs: %w", err)
+	}
 	if p.SubscribeOnly {
-		if p.FederationAddress != "" || p.GatewayAddress != "" || p.Mode != "" {
-			return errors.New("a subscribeOnly peer is never dialled: it has no federationAddress, gatewayAddress or mode")
+		if p.FederationAddress != "" || p.GatewayAddress != "" || p.Mode != "" || len(p.EndpointCIDRs) > 0 {
+			return errors.New("a subscribeOnly peer is never dialled: it has no federationAddress, gatewayAddress, mode or endpointCIDRs")
 		}
 		return nil
 	}

@@ -24,6 +24,10 @@ func TestParsePeerDirectoryValidatesEntries(t *testing.T) {
 		{"subscribe-only with a mode", `peers: [{cluster: edge, identity: x, subscribeOnly: true, mode: Parent}]`, "never dialled"},
 		{"subscribe-only without identity", `peers: [{cluster: edge, subscribeOnly: true}]`, "identity is required"},
 		{"no address", `peers: [{cluster: west, identity: x}]`, "federationAddress"},
+		{"endpoint ranges", `peers: [{cluster: w, federationAddress: "a:1", identity: x, endpointCIDRs: ["10.1.0.0/16", "fd00::/64"]}]`, ""},
+		{"bad endpoint range", `peers: [{cluster: w, federationAddress: "a:1", identity: x, endpointCIDRs: ["10.1.0.0"]}]`, "endpointCIDRs"},
+		{"own ranges", `{ownEndpointCIDRs: ["10.2.0.0/16"], peers: []}`, ""},
+		{"bad own range", `{ownEndpointCIDRs: ["ten"], peers: []}`, "ownEndpointCIDRs"},
 		{"unknown field", `peers: [{cluster: w, federationAddres: "a:1", identity: x}]`, "unknown field"},
 	}
 	for _, tc := range tests {

@@ -132,6 +132,11 @@ type CopyClock struct {
 	// stopped, and it is never Stuck until its spec changes.
 	// +optional
 	Ready bool `json:"ready,omitempty"`
+	// ReadySince is when the hub first saw the copy Ready at that
+	// generation: a progressive rollout's next stage waits for the
+	// placement's minReadySeconds from it.
+	// +optional
+	ReadySince *metav1.Time `json:"readySince,omitempty"`
 }
 
 // FederationStatus is how other clusters reach a copy's endpoint picker.

@@ -69,25 +69,22 @@ var ToOrigin = Map(func(_ context.Context, o client.Object) []mcreconcile.Reques
 	return []mcreconcile.Request{Request(o.GetNamespace(), o.GetName())}
 })
 
+// ClusterChangeWindow is how long ClusterChanges folds cluster changes
+// into one pass: a flapping cluster (or several failing at once) costs each
+// object one reconcile per window rather than one per flip.
+const ClusterChangeWindow = time.Second
+
 // ClusterChanges re-runs the keys that keys returns whenever the inventory
-// reports a cluster joining, leaving, failing or recovering. A newly engaged
-// cluster's caches get settle to fill before keys is called.
+// reports a cluster joining, leaving, failing or recovering: once per
+// burst of changes, at the end of a window (ClusterChangeWindow, or settle
+// if longer: a newly engaged cluster's caches get settle to fill) that
+// opens with the burst's first change.
 func ClusterChanges(ctx context.Context, inv *inventory.Inventory, settle time.Duration, keys func(context.Context) []client.ObjectKey) source.TypedSource[mcreconcile.Request] {
 	changes := inv.Subscribe(64)
 	requests := make(chan event.TypedGenericEvent[client.ObjectKey])
 	go func() {
 		defer close(requests)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changes:
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(settle):
-			}
+		coalesce(ctx, changes, max(settle, ClusterChangeWindow), func() {
 			for _, k := range keys(ctx) {
 				select {
 				case requests <- event.TypedGenericEvent[client.ObjectKey]{Object: k}:
@@ -95,13 +92,37 @@ func ClusterChanges(ctx context.Context, inv *inventory.Inventory, settle time.D
 					return
 				}
 			}
-		}
+		})
 	}()
 	return source.TypedChannel(requests, handler.TypedFuncs[client.ObjectKey, mcreconcile.Request]{
 		GenericFunc: func(_ context.Context, e event.TypedGenericEvent[client.ObjectKey], q workqueue.TypedRateLimitingInterface[mcreconcile.Request]) {
 			q.Add(Request(e.Object.Namespace, e.Object.Name))
 		},
 	})
+}
+
+// coalesce calls fire once per burst of changes, window after the burst's
+// first change; changes that arrive within the window join it. It returns
+// when ctx ends.
+func coalesce[T any](ctx context.Context, changes <-chan T, window time.Duration, fire func()) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+		}
+		closes := time.After(window)
+		for open := true; open; {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changes:
+			case <-closes:
+				open = false
+			}
+		}
+		fire()
+	}
 }
 
 // Keys lists the keys of the objects a list returns ("" for all namespaces).
