@@ -21,9 +21,9 @@ import (
 //
 //   - Without a subset hint, the candidates are the local endpoints plus the
 //     fresh remote ones. With a spill policy (the cross-cluster-filter's),
-//     remote endpoints are added only once no local endpoint has headroom,
-//     and then only the least loaded few, next to the least loaded few local
-//     ones; the filter plugin then only trims them.
+//     they are the local endpoints, or, when the policy expects a remote
+//     endpoint to answer sooner by its margin, the few remote endpoints
+//     expected soonest instead; the filter plugin then only trims them.
 //   - With a verified Parent-mode mark (another cluster's EPP forwarded the
 //     request here; see package marks), the candidates are local only, so a
 //     request crosses at most one cluster boundary and never bounces between
@@ -44,9 +44,13 @@ type candidates struct {
 	}
 	// remote holds the peers' endpoints; nil without federation.
 	remote remoteEndpoints
-	// spill decides when remote endpoints join the local ones, and which;
-	// nil (no cross-cluster-filter configured) admits every fresh one.
+	// spill decides when remote endpoints replace the local ones, and
+	// which; nil (no cross-cluster-filter configured) admits every fresh
+	// one next to the local ones.
 	spill *spill.Policy
+	// meter holds this picker's measurements of the pods it sends to, for
+	// the spill policy's estimate.
+	meter *spill.Meter
 	// failOpen reports the pool's failureMode.
 	failOpen func(ctx context.Context) bool
 	// crossings leaves out the remote clusters a request may not cross to
@@ -76,25 +80,36 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 		}
 	}
 	local := c.ds.PodList(datastore.AllPodsPredicate)
-	if c.remote == nil || (c.spill != nil && !c.spill.Saturated(local)) {
+	if c.remote == nil {
 		return local
 	}
 	now := c.now()
 	remote := c.remote.Remote(now)
-	// Lag is recorded for requests' lookups only, not for flow control's
-	// saturation probes.
+	// The gate leaves out the clusters a request may not cross to now,
+	// before the spill policy estimates the rest. Requests' lookups only:
+	// the gate counts what it holds back and lets an open breaker's probe
+	// through, neither of which a flow-control saturation probe is.
 	if forRequest(ctx) {
-		remote.ObserveLag(now)
 		remote.Peers = c.crossings.Admitted(remote.Peers, now)
 	}
 	if c.spill == nil {
+		c.observeLag(ctx, remote, now)
 		return remote.AppendFresh(local)
 	}
-	spilled := c.spill.Remote(local, remote)
+	spilled := c.spill.Remote(local, remote, c.meter)
 	if len(spilled) == 0 {
 		return local
 	}
-	return append(c.spill.Local(local), spilled...)
+	c.observeLag(ctx, remote, now)
+	return spilled
+}
+
+// observeLag records the age of the remote data a request's pick reads;
+// not for flow control's saturation probes.
+func (c *candidates) observeLag(ctx context.Context, remote federation.Remote, now time.Time) {
+	if forRequest(ctx) {
+		remote.ObserveLag(now)
+	}
 }
 
 // subsetHint returns the hinted endpoints when the request carries a hint.

@@ -13,10 +13,11 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
 
-// A spilled request's candidates are bounded on both sides, so that GIE's
-// scheduling cycle, which copies and scores every candidate, costs no more
-// with a large saturated pool and a large fleet than without federation.
-func TestSpilledCandidatesAreTheLeastLoadedOnBothSides(t *testing.T) {
+// A crossing request's candidates are the few remote endpoints expected
+// soonest, so that GIE's scheduling cycle, which copies and scores every
+// candidate, costs no more with a large fleet than without federation; the
+// local endpoints, all expected later, are left out.
+func TestCrossingCandidatesAreTheRemoteEndpointsExpectedSoonest(t *testing.T) {
 	policy, _, _ := loadFleetinferConfig(t, testConfig)
 	var local, remote []fwkdl.Endpoint
 	for i := range 40 {
@@ -26,47 +27,45 @@ func TestSpilledCandidatesAreTheLeastLoadedOnBothSides(t *testing.T) {
 	c := &candidates{ds: &fakeDatastore{local: local}, remote: &fakeRemote{eps: remote}, spill: policy, now: time.Now}
 
 	got := c.Locate(context.Background(), nil)
-	var locals []string
-	remotes := 0
+	if len(got) != 16 {
+		t.Fatalf("%d candidates, want the 16 remote endpoints expected soonest", len(got))
+	}
 	for _, ep := range got {
-		if federation.OriginOf(ep.GetAttributes()) != nil {
-			remotes++
-			if q := ep.GetMetrics().WaitingQueueSize; q > 0 {
-				t.Errorf("remote candidate with queue %d, while 20 of queue 0 exist", q)
-			}
-			continue
+		if federation.OriginOf(ep.GetAttributes()) == nil {
+			t.Fatalf("local candidate %s", ep.GetMetadata().NamespacedName.Name)
 		}
-		locals = append(locals, ep.GetMetadata().NamespacedName.Name)
-	}
-	slices.Sort(locals)
-	want := []string{}
-	for i := range 16 {
-		want = append(want, fmt.Sprint("l", i))
-	}
-	slices.Sort(want)
-	if remotes != 16 || !slices.Equal(locals, want) {
-		t.Fatalf("spilled candidates: %d remote and local %v; want 16 remote and local %v", remotes, locals, want)
+		if q := ep.GetMetrics().WaitingQueueSize; q > 0 {
+			t.Errorf("remote candidate with queue %d, while 20 of queue 0 exist", q)
+		}
 	}
 
-	// Without a spill every local endpoint is a candidate, as in GIE.
+	// With a local endpoint expected sooner, every local endpoint is a
+	// candidate, as in GIE.
 	local[39].GetMetrics().WaitingQueueSize = 0
-	if got := c.Locate(context.Background(), nil); len(got) != 40 {
-		t.Fatalf("%d candidates with local headroom, want all 40 local endpoints", len(got))
+	if got := c.Locate(context.Background(), nil); len(got) != 40 || slices.ContainsFunc(got, func(ep fwkdl.Endpoint) bool {
+		return federation.OriginOf(ep.GetAttributes()) != nil
+	}) {
+		t.Fatalf("%d candidates with an idle local endpoint, want the 40 local endpoints", len(got))
 	}
 }
 
 // The candidate lookup applies the policy the configured cross-cluster-filter
-// was built with: with a queue threshold of 50, local endpoints with queues
-// of 5 and more still have headroom, and nothing spills.
+// was built with: with a margin of a second, local endpoints expected in
+// 500 and 900 ms stay ahead of an idle remote endpoint 400 ms away.
 func TestCandidatesApplyTheConfiguredFiltersSpillPolicy(t *testing.T) {
 	config := strings.Replace(testConfig, "- type: cross-cluster-filter\n",
-		"- type: cross-cluster-filter\n  parameters: {queueDepthThreshold: 50}\n", 1)
+		"- type: cross-cluster-filter\n  parameters: {crossMargin: 1s}\n", 1)
 	policy, _, _ := loadFleetinferConfig(t, config)
 	local := []fwkdl.Endpoint{endpoint("l0", "127.11.0.1:8000", 5, nil), endpoint("l1", "127.11.0.2:8000", 9, nil)}
 	remote := []fwkdl.Endpoint{endpoint("r0@west", "127.12.0.1:8000", 0, west)}
 	c := &candidates{ds: &fakeDatastore{local: local}, remote: &fakeRemote{eps: remote}, spill: policy, now: time.Now}
 	if got := c.Locate(context.Background(), nil); len(got) != 2 {
 		t.Fatalf("%d candidates, want the 2 local endpoints", len(got))
+	}
+	policy, _, _ = loadFleetinferConfig(t, testConfig)
+	c.spill = policy
+	if got := c.Locate(context.Background(), nil); len(got) != 1 {
+		t.Fatalf("%d candidates with the default margin, want the remote endpoint", len(got))
 	}
 }
 

@@ -56,13 +56,10 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	if err != nil || p == nil || len(p.targets) == 0 {
 		return rc, err
 	}
-	primary := federation.OriginOf(p.targets[0])
-	p.pickedAt = time.Now()
-	if primary == nil {
+	if p.crossed == "" {
 		localPicks.Inc()
 	} else {
-		picks.WithLabelValues("remote", primary.Cluster).Inc()
-		p.crossed = primary.Cluster
+		picks.WithLabelValues("remote", p.crossed).Inc()
 	}
 	d.crossings.Picked(p.crossed, p.pickedAt)
 	parent := slices.ContainsFunc(p.targets, func(t fwksched.Endpoint) bool {
@@ -108,6 +105,7 @@ type extProcServer struct {
 	marker    *marker
 	crossings *crossing.Gate
 	limits    *RequestLimits
+	recorder  pickRecorder
 }
 
 func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer) error {
@@ -115,10 +113,14 @@ func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer)
 	defer limited.done()
 	ms := &markingStream{ExternalProcessor_ProcessServer: limited, ctx: withPick(stream.Context()), marker: s.marker, crossings: s.crossings}
 	err := s.inner.Process(ms)
+	p := pickOf(ms.ctx)
+	// A request that did not complete (an error, a client that went away)
+	// still leaves the meter's count of requests in flight.
+	s.recorder.finish(p, false)
 	// A crossed request whose stream ends before its response headers came
 	// back got no response: a failure of the crossing (or a client that
 	// gave up, which cannot be told apart here).
-	if p := pickOf(ms.ctx); p.crossed != "" && !p.observed {
+	if p.crossed != "" && !p.observed {
 		s.crossings.Observe(p.crossed, true, time.Since(p.pickedAt), time.Now())
 	}
 	return err

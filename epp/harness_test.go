@@ -90,10 +90,21 @@ func endpoint(name, addr string, waiting int, origin *federation.Origin) fwkdl.E
 	return ep
 }
 
+// Both peers are testRTT away. With the spill policy's default service
+// rate (10/s) a local endpoint with a queue of 3 is expected to answer in
+// 300 ms and stays ahead of an idle remote one; a queue of 9 (900 ms) is not.
 var (
-	west    = &federation.Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}
-	central = &federation.Origin{Cluster: "central", Mode: fleetv1alpha1.FederationParent, Gateway: "127.13.0.99:8080"}
+	west    = &federation.Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint, RoundTrip: roundTrip(testRTT)}
+	central = &federation.Origin{Cluster: "central", Mode: fleetv1alpha1.FederationParent, Gateway: "127.13.0.99:8080", RoundTrip: roundTrip(testRTT)}
 )
+
+const testRTT = 400 * time.Millisecond
+
+func roundTrip(d time.Duration) *federation.RoundTrip {
+	r := &federation.RoundTrip{}
+	r.Observe(d)
+	return r
+}
 
 const testConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -133,15 +144,16 @@ func newGatedHarness(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoint
 	policy, handle, cfg := loadFleetinferConfig(t, config)
 	ds := &fakeDatastore{local: local}
 	h := &harness{crossings: g}
-	cands := &candidates{ds: ds, remote: remote, spill: policy, crossings: g,
+	rec := pickRecorder{meter: spill.NewMeter()}
+	cands := &candidates{ds: ds, remote: remote, spill: policy, meter: rec.meter, crossings: g,
 		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
 	rc := requestcontrol.NewConfig()
-	rc.AddPlugins(pickRecorder{})
+	rc.AddPlugins(rec)
 	rc.AddPlugins(handle.GetAllPlugins()...)
 	parser := handlers.NewParser(cfg.ParserConfig)
 	gie := requestcontrol.NewDirectorWithConfig(ds, scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig),
 		requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, cands), parser, cands, rc)
-	h.server = newExtProcServer(ds, gie, parser, testMarker(t), h.crossings, NewRequestLimits())
+	h.server = newExtProcServer(ds, gie, parser, testMarker(t), h.crossings, rec, NewRequestLimits())
 	return h
 }
 

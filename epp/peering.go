@@ -50,6 +50,7 @@ type FederationOptions struct {
 	LaggingAfter     time.Duration
 	SubscriberBuffer int
 	SourceAddress    string
+	PingInterval     time.Duration
 	AllowLoopback    bool
 	MaxRemoteShare   float64
 	BreakerFailures  int
@@ -71,7 +72,7 @@ func NewFederationOptions() *FederationOptions {
 		MaxEndpoints: federation.DefaultLimits.MaxEndpoints, MaxMessageBytes: federation.DefaultLimits.MaxMessageBytes,
 		MaxMessageRate: federation.DefaultLimits.MaxMessagesPerSecond, MaxByteRate: federation.DefaultLimits.MaxBytesPerSecond,
 		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: maxReconnectBackoff,
-		LaggingAfter: 500 * time.Millisecond, SubscriberBuffer: 64,
+		LaggingAfter: 500 * time.Millisecond, SubscriberBuffer: 64, PingInterval: 500 * time.Millisecond,
 		MaxRemoteShare: crossing.DefaultOptions.MaxShare, BreakerFailures: crossing.DefaultOptions.Failures,
 		BreakerOpen: crossing.DefaultOptions.Open, BreakerSlow: crossing.DefaultOptions.SlowAfter,
 	}
@@ -90,6 +91,7 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.Staleness, "federation-staleness", o.Staleness, "Remote endpoints whose data is older are not candidates; a silent peer is disconnected after this long.")
 	fs.DurationVar(&o.PublishInterval, "federation-publish-interval", o.PublishInterval, "How often local changes are sent to subscribers.")
 	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
+	fs.DurationVar(&o.PingInterval, "federation-ping-interval", o.PingInterval, "How often the round trip to each peer is measured (fleetinfer_epp_peer_rtt_seconds); the spill policy adds it to a remote endpoint's expected time to first token.")
 	fs.IntVar(&o.MaxEndpoints, "federation-max-endpoints-per-peer", o.MaxEndpoints, "Most endpoints accepted from one peer.")
 	fs.BoolVar(&o.AllowLoopback, fleetv1alpha1.FlagFederationAllowLoopback, o.AllowLoopback, "Admit peers' endpoints at loopback addresses (only for a fleet that lives on loopback, as the local fleet does); each peer's address ranges still apply.")
 	fs.Float64Var(&o.MaxRemoteShare, "federation-max-remote-share", o.MaxRemoteShare, "Largest share of picks (over 10 s, once 20 picks were made) one remote cluster may take; 1 does not bound.")
@@ -124,7 +126,7 @@ func (o *FederationOptions) Validate() error {
 	if o.Port <= 0 || o.Port > 65535 {
 		errs = append(errs, fmt.Errorf("--federation-port %d out of range", o.Port))
 	}
-	if o.Staleness <= 0 || o.PublishInterval <= 0 || o.Heartbeat <= 0 || o.Heartbeat >= o.Staleness {
+	if o.Staleness <= 0 || o.PublishInterval <= 0 || o.Heartbeat <= 0 || o.Heartbeat >= o.Staleness || o.PingInterval <= 0 {
 		errs = append(errs, errors.New("federation intervals must be positive, with the heartbeat shorter than the staleness bound"))
 	}
 	if o.MaxRemoteShare <= 0 || o.MaxRemoteShare > 1 || o.BreakerFailures <= 0 || o.BreakerOpen <= 0 || o.BreakerSlow < 0 {
@@ -190,7 +192,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		subscriber: federation.NewSubscriber(federation.SubscriberOptions{
 			Cluster: o.Cluster, Pool: pool, DefaultMode: mode, Store: store, Credentials: creds, Limits: limits,
 			Destinations: federation.Destinations{AllowLoopback: o.AllowLoopback},
-			MinBackoff:   o.MinBackoff, MaxBackoff: o.MaxBackoff, SourceAddress: o.SourceAddress, Log: log,
+			MinBackoff:   o.MinBackoff, MaxBackoff: o.MaxBackoff, SourceAddress: o.SourceAddress, PingInterval: o.PingInterval, Log: log,
 		}),
 	}, nil
 }

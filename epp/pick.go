@@ -4,10 +4,16 @@ import (
 	"context"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
+	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/marks"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
 // pick is one request's scheduling outcome as fleetinfer needs it for
@@ -29,6 +35,10 @@ type pick struct {
 	crossed  string
 	pickedAt time.Time
 	observed bool
+	// metered is the primary target while the meter counts the request in
+	// flight there, metering whether it does.
+	metered  types.NamespacedName
+	metering bool
 }
 
 // pickKey is the context key of a request's *pick, the one piece of
@@ -40,8 +50,9 @@ type pick struct {
 //
 //   - markingStream, on the request headers, writes the verified mark;
 //   - candidates reads the mark, and asks forRequest whether there is a pick;
-//   - pickRecorder (a PreRequest plugin) writes the targets;
-//   - director reads the targets and writes the marks;
+//   - pickRecorder (a PreRequest plugin) writes the targets, pickedAt and
+//     crossed, and starts the request in the meter;
+//   - director reads them, tells the crossing gate, and writes the marks;
 //   - markingStream reads the marks into the request-headers response.
 //
 // A context without a *pick is not a request's: flow control's dispatch
@@ -69,19 +80,64 @@ func forRequest(ctx context.Context) bool { return pickOf(ctx) != nil }
 // configured ones; it is internal and not configurable.
 const pickRecorderType = "fleetinfer-pick-recorder"
 
-// pickRecorder records the primary profile's targets in the request's pick.
-type pickRecorder struct{}
+// pickRecorder records the primary profile's targets in the request's
+// pick, with when it was picked and the primary target's cluster, and the
+// request's start and end at its primary target in the spill policy's
+// meter (nil: none).
+type pickRecorder struct {
+	meter *spill.Meter
+}
+
+var (
+	_ requestcontrol.PreRequest   = pickRecorder{}
+	_ requestcontrol.ResponseBody = pickRecorder{}
+)
 
 func (pickRecorder) TypedName() fwkplugin.TypedName {
 	return fwkplugin.TypedName{Type: pickRecorderType, Name: pickRecorderType}
 }
 
-func (pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
+func (r pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
 	p := pickOf(ctx)
 	if p == nil || result == nil {
 		return
 	}
-	if r := result.ProfileResults[result.PrimaryProfileName]; r != nil {
-		p.targets = r.TargetEndpoints
+	if pr := result.ProfileResults[result.PrimaryProfileName]; pr != nil {
+		p.targets = pr.TargetEndpoints
 	}
+	if len(p.targets) == 0 {
+		return
+	}
+	p.pickedAt, p.crossed = time.Now(), ""
+	if o := federation.OriginOf(p.targets[0]); o != nil {
+		p.crossed = o.Cluster
+	}
+	if r.meter == nil || p.metering {
+		return
+	}
+	p.metered, p.metering = p.targets[0].GetMetadata().NamespacedName, true
+	r.meter.Started(p.metered)
+}
+
+// ResponseBody times a request that completed. GIE also calls it, with a
+// context of its own, for a request that ended otherwise; that one has no
+// pick, and extProcServer ends it in the meter without a time.
+func (r pickRecorder) ResponseBody(ctx context.Context, _ *fwksched.LLMRequest, resp *requestcontrol.Response, _ *fwkdl.EndpointMetadata) {
+	if p := pickOf(ctx); p != nil && resp != nil && resp.EndOfStream {
+		r.finish(p, true)
+	}
+}
+
+// finish ends p's request in the meter, as a sample of the pod's service
+// time when it completed on a local pod.
+func (r pickRecorder) finish(p *pick, completed bool) {
+	if r.meter == nil || !p.metering {
+		return
+	}
+	var took time.Duration
+	if completed && p.crossed == "" {
+		took = time.Since(p.pickedAt)
+	}
+	r.meter.Finished(p.metered, took)
+	p.metering = false
 }

@@ -33,11 +33,11 @@ func TestRequestPath(t *testing.T) {
 		local: []fwkdl.Endpoint{idle, busy}, remote: []fwkdl.Endpoint{remoteIdle},
 		want: result{dest: "127.11.0.1:8000", metadata: "127.11.0.1:8000"},
 	}, {
-		name:  "no spill while a local endpoint has headroom",
+		name:  "no spill while a local endpoint is expected sooner than a remote one and its round trip",
 		local: []fwkdl.Endpoint{busy, endpoint("c", "127.11.0.3:8000", 3, nil)}, remote: []fwkdl.Endpoint{remoteIdle},
 		want: result{dest: "127.11.0.3:8000", metadata: "127.11.0.3:8000"},
 	}, {
-		name:  "spill to a remote endpoint (Endpoint mode) when local ones are saturated",
+		name:  "spill to a remote endpoint (Endpoint mode) expected sooner, round trip included",
 		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{remoteIdle},
 		want: result{dest: "127.12.0.1:8000", metadata: "127.12.0.1:8000"},
 	}, {
@@ -81,7 +81,7 @@ func TestRequestPath(t *testing.T) {
 		hdr:   markedBy(t, "east", "127.11.0.2:8000"),
 		want:  result{dest: "127.11.0.1:8000", metadata: "127.11.0.1:8000", marks: "-"}, marks: "rejected",
 	}, {
-		name:  "remote endpoints without headroom do not take a spill",
+		name:  "remote endpoints past the queue cap do not take a spill",
 		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{endpoint("r@west", "127.12.0.1:8000", 20, west)},
 		want: result{dest: "127.11.0.2:8000", metadata: "127.11.0.2:8000"},
 	}, {
@@ -171,4 +171,30 @@ func counted(t *testing.T, result string) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// The spill policy counts this picker's own requests in flight to a pod,
+// which its scrape may not show yet: with five requests held on the idle
+// local pod (500 ms at the default 10/s), the sixth goes to the idle remote
+// pod 400 ms away; once they end, requests stay local again.
+func TestRequestsInFlightFromThisPickerMoveTheSpill(t *testing.T) {
+	local := endpoint("a", "127.11.0.1:8000", 0, nil)
+	h := newHarness(t, []fwkdl.Endpoint{local}, []fwkdl.Endpoint{endpoint("r@west", "127.12.0.1:8000", 0, west)})
+	var held []func()
+	for i := range 5 {
+		dest, finish := h.requestHeld(t, completion(fmt.Sprint("held ", i)))
+		held = append(held, finish)
+		if dest != "127.11.0.1:8000" {
+			t.Fatalf("request %d went to %s with %d in flight locally, want the local pod", i, dest, i)
+		}
+	}
+	if got := h.request(t, completion("sixth"), 7, nil); got.dest != "127.12.0.1:8000" {
+		t.Fatalf("sixth request went to %s, want the remote pod", got.dest)
+	}
+	for _, finish := range held {
+		finish()
+	}
+	if got := h.request(t, completion("after"), 7, nil); got.dest != "127.11.0.1:8000" {
+		t.Fatalf("after the held requests ended, a request went to %s, want the local pod", got.dest)
+	}
 }

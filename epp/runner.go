@@ -69,6 +69,7 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
 //go:embed default-config.yaml
@@ -87,6 +88,8 @@ type Runner struct {
 	// marker signs and verifies Parent-mode marks; built with the
 	// candidate lookup, before the ext-proc server; nil without federation.
 	marker *marker
+	// meter measures the pods this picker sends to, for the spill policy.
+	meter *spill.Meter
 	// crossings bounds each remote cluster's share of picks and breaks
 	// crossings to failing ones; built with marker, nil without federation.
 	crossings *crossing.Gate
@@ -98,18 +101,18 @@ type Runner struct {
 // flags and --kubeconfig, all on the global pflag command line (GIE's
 // runner parses that one too).
 func NewRunner() *Runner {
-	r := &Runner{fed: NewFederationOptions(), spill: &spillPolicy{}, limits: NewRequestLimits()}
+	r := &Runner{fed: NewFederationOptions(), spill: &spillPolicy{}, meter: spill.NewMeter(), limits: NewRequestLimits()}
 	r.gie = gierunner.New(gierunner.Delta{
 		ExecutableName:        "fleetinfer-epp",
 		DefaultConfig:         defaultConfig,
 		AddFlags:              r.addFlags,
 		ValidateFlags:         r.validateFlags,
 		RegisterPlugins:       func() { registerPlugins(r.spill) },
-		RequestControlPlugins: []fwkplugin.Plugin{pickRecorder{}},
+		RequestControlPlugins: []fwkplugin.Plugin{pickRecorder{meter: r.meter}},
 		Collectors:            metricCollectors(),
 		Candidates:            r.candidates,
 		ExtProcServer: func(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
-			return newExtProcServer(ds, gie, parser, r.marker, r.crossings, r.limits)
+			return newExtProcServer(ds, gie, parser, r.marker, r.crossings, pickRecorder{meter: r.meter}, r.limits)
 		},
 		ExtProcServerOptions: func() []grpc.ServerOption { return r.limits.ServerOptions() },
 	})
@@ -155,7 +158,7 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 	if err != nil {
 		return nil, err
 	}
-	cands := &candidates{ds: p.Datastore, disableSubsetHint: p.Options.DisableEndpointSubsetFilter, now: time.Now,
+	cands := &candidates{ds: p.Datastore, meter: r.meter, disableSubsetHint: p.Options.DisableEndpointSubsetFilter, now: time.Now,
 		failOpen: poolFailOpen(p.Manager.GetClient(), p.Name, p.HasPool)}
 	if fed.store != nil {
 		cands.remote = fed.store
@@ -175,9 +178,10 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 // newExtProcServer is the ext-proc service around GIE's Director: GIE's
 // StreamingServer over the director wrapper, inside the stream wrapper
 // (director.go), both with the marker and the crossing gate (nil without
-// federation), and the stream's request body bounded by limits.
-func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker, g *crossing.Gate, limits *RequestLimits) extProcPb.ExternalProcessorServer {
-	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m, crossings: g}, parser), marker: m, crossings: g, limits: limits}
+// federation), the pick recorder that ends abandoned requests in the
+// meter, and the stream's request body bounded by limits.
+func newExtProcServer(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser, m *marker, g *crossing.Gate, rec pickRecorder, limits *RequestLimits) extProcPb.ExternalProcessorServer {
+	return extProcServer{inner: handlers.NewStreamingServer(ds, director{Director: gie, marker: m, crossings: g}, parser), marker: m, crossings: g, recorder: rec, limits: limits}
 }
 
 // poolFailOpen reads endpointPickerRef.failureMode from the InferencePool,

@@ -43,13 +43,15 @@ type loadClient struct {
 	// podCluster maps the simulator's x-inference-pod header to the pod's
 	// cluster.
 	podCluster map[string]int
+	// rtt is the current round trip between two clusters; nil: none.
+	rtt func(a, b int) time.Duration
 }
 
-func newLoadClient(maxTokens int, timeout time.Duration, podCluster map[string]int) *loadClient {
+func newLoadClient(maxTokens int, timeout time.Duration, podCluster map[string]int, rtt func(a, b int) time.Duration) *loadClient {
 	return &loadClient{
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true,
 			IdleConnTimeout: 30 * time.Second}},
-		maxTokens: maxTokens, timeout: timeout, podCluster: podCluster,
+		maxTokens: maxTokens, timeout: timeout, podCluster: podCluster, rtt: rtt,
 	}
 }
 
@@ -59,6 +61,15 @@ var errNoRoute = errors.New("no route")
 // do sends arrival a through router r. TTFT and Total run from the arrival
 // (so they include a retrying load balancer's backoff) to the first
 // streamed token and to the end of the stream.
+//
+// The client stands in the cluster the request enters. The fabric delays
+// connections by their source address, and the client's (127.0.0.1) is in
+// no cluster, so an attempt the router sends to another cluster (SkyServe's
+// load balancer to another gateway, the oracle to another cluster's pod)
+// first waits out the link's current round trip: what the request and its
+// first token would spend on the link. Requests that enter their own
+// gateway (cluster-local GIE, fleetinfer) cross, if at all, from gateway to
+// gateway, which the fabric delays itself.
 func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Time) (res result) {
 	res = result{At: a.At, Entry: a.Entry, Served: -1}
 	defer func() {
@@ -84,6 +95,12 @@ func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Tim
 		if !ok {
 			res.Err = errNoRoute.Error()
 			return res
+		}
+		if t.Cluster != a.Entry && c.rtt != nil {
+			select {
+			case <-time.After(c.rtt(a.Entry, t.Cluster)):
+			case <-ctx.Done():
+			}
 		}
 		retry, err := c.attempt(ctx, t, body, start, &res)
 		r.done(t)

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
@@ -84,13 +85,13 @@ type deployment struct {
 }
 
 // deploy creates the scenario's model servers and fleetinfer's federated
-// pool (Endpoint mode everywhere: the benchmark runs the fleet with a flat pod network) with
-// fedpool, then the stock pool over the same pods, and warms both paths of
+// pool (Parent mode everywhere: pod networks are isolated) with fedpool, then the stock pool over the same pods, and warms both paths of
 // every gateway.
 func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig string) (*deployment, error) {
 	opts := fedpool.Options{Namespace: ns, Pool: fleetPool, EPPConfig: eppConfig}
 	for i, s := range fl.Spokes {
-		opts.Members = append(opts.Members, &fedpool.Member{Cluster: s, Replicas: sc.Replicas[i], SimArgs: sc.simArgs(i)})
+		opts.Members = append(opts.Members, &fedpool.Member{Cluster: s, Replicas: sc.Replicas[i], SimArgs: sc.simArgs(i),
+			Mode: fleetv1alpha1.FederationParent})
 	}
 	pool, err := fedpool.Deploy(ctx, opts)
 	if err != nil {
@@ -142,7 +143,7 @@ func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig str
 // warm sends a few completions through every gateway to both pools, until
 // each answers: pickers have scraped their pods and connections are open.
 func (d *deployment) warm(ctx context.Context) error {
-	c := newLoadClient(2, 10*time.Second, d.podCluster)
+	c := newLoadClient(2, 10*time.Second, d.podCluster, nil)
 	for i, s := range d.fl.Spokes {
 		for _, host := range []string{d.pool.Host(), fedpool.Host(stockPool, d.ns)} {
 			r := &entryRouter{gws: gateways{s.GatewayURL()}, host: host}

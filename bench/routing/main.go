@@ -20,6 +20,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -60,7 +61,7 @@ func main() {
 	flag.IntVar(&c.reps, "reps", 0, "repetitions of every run, instead of each scenario's own (results are medians)")
 	flag.IntVar(&c.maxTokens, "max-tokens", 16, "tokens per completion (ignore_eos)")
 	flag.DurationVar(&c.slo, "slo", time.Second, "TTFT objective for goodput")
-	flag.StringVar(&c.only, "scenario", "", "run only this scenario")
+	flag.StringVar(&c.only, "scenario", "", "run only these scenarios, comma-separated")
 	pols := flag.String("policies", strings.Join(policies, ","), "policies to run, comma-separated")
 	configFile := flag.String("fleetinfer-config", "", "EndpointPickerConfig file for fleetinfer's EPPs instead of the built-in one")
 	flag.IntVar(&c.maxInFlight, "max-in-flight", 512, "client bound on requests in flight")
@@ -84,63 +85,62 @@ func main() {
 }
 
 // The clusters are the fleet's default spokes (east, west, central) without
-// their own simulator flags: every scenario sets its pods' capacity. Where
-// prompts are unique the KV cache is sized as a real server's bounds its
-// batch: four 128-token prompts (8 blocks each) fill 32 of its 36 blocks
-// (89%), so a full batch shows in vllm:kv_cache_usage_perc, the signal
-// GIE's and fleetinfer's pickers read besides the queue. With vLLM-sized
-// caches (1,024 blocks) a full batch of these short prompts would read 3%,
-// and only a queue would tell a busy pod from an idle one. In the
-// prefix-heavy scenario a pod's 400 blocks hold a full batch (212 blocks)
+// their own simulator flags: every scenario sets its pods' capacity. They
+// sit apart, on the default matrix's links (round trips of 31, 34 and 19 ms
+// between Washington DC, Dallas and Toronto), with isolated pod networks:
+// fleetinfer's pickers reach other clusters' pods in Parent mode, through
+// their gateways. Where prompts are unique the KV cache is sized as a real
+// server's bounds its batch: four 128-token prompts (8 blocks each) fill 32
+// of its 36 blocks (89%), so a full batch shows in vllm:kv_cache_usage_perc,
+// the signal GIE's and fleetinfer's pickers read besides the queue. With
+// vLLM-sized caches (1,024 blocks) a full batch of these short prompts
+// would read 3%, and only a queue would tell a busy pod from an idle one.
+// In the prefix scenarios a pod's 400 blocks hold a full batch (212 blocks)
 // and about 4 of the 12 prefixes (50 blocks each): the fleet's six pods can
-// keep all 12, a cluster's two about 8, and a pod that sees every prefix
-// a third of them.
-//
-// The hot-cluster scenario, which the issue's bar is about, runs three
-// times (medians); the others once, to stay within 15 minutes.
+// keep all 12, a cluster's two about 8, and a pod that sees every prefix a
+// third of them.
 var scenarios = []scenario{
 	{Name: "hot-cluster", Title: "hot cluster: 70% of arrivals enter east, 3 equal clusters", Reps: 3,
 		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{0.7, 0.15, 0.15}, Rate: 18, PromptWords: 128, Lost: -1},
-	{Name: "unequal-capacity", Reps: 1, Title: "unequal capacity: 4/2/1 pods, arrivals even",
-		Replicas: []int32{4, 2, 1}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{1, 1, 1}, Rate: 20, PromptWords: 128, Lost: -1},
-	{Name: "cluster-lost", Reps: 1, Title: "cluster lost: central's pods, pickers and gateway killed halfway, arrivals even",
-		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{1, 1, 1}, Rate: 16, PromptWords: 128, Lost: 2},
-	{Name: "prefix-heavy", Reps: 1, Title: "prefix-heavy: 12 shared 800-token prefixes, arrivals even",
+	{Name: "moving-hotspot", Title: "moving hot spot: 70% of arrivals enter east, then west, then central, a third of the run each", Reps: 3,
+		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{1, 1, 1},
+		EntryPhases: [][]float64{{0.7, 0.15, 0.15}, {0.15, 0.7, 0.15}, {0.15, 0.15, 0.7}}, Rate: 18, PromptWords: 128, Lost: -1},
+	{Name: "slowing-link", Title: "slowing link: hot east, its link to west goes from 30 to 150 ms halfway", Reps: 3,
+		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{0.7, 0.15, 0.15}, Rate: 18, PromptWords: 128, Lost: -1,
+		SlowLink: &slowLink{A: 0, B: 1, From: 30 * time.Millisecond, To: 150 * time.Millisecond}},
+	{Name: "prefix-heavy", Reps: 3, Title: "prefix-heavy: 12 shared 800-token prefixes, arrivals even",
 		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 400, Entry: []float64{1, 1, 1}, Rate: 14,
 		Prefixes: 12, PrefixWords: 800, PromptWords: 50, Lost: -1},
+	{Name: "prefix-remote", Reps: 3, Title: "prefix-remote: 12 shared 800-token prefixes, each cached in one cluster before the run, arrivals even",
+		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 400, Entry: []float64{1, 1, 1}, Rate: 14,
+		Prefixes: 12, PrefixWords: 800, PromptWords: 50, PrefixHome: true, Lost: -1},
+	{Name: "unequal-capacity", Reps: 3, Title: "unequal capacity: 4/2/1 pods, arrivals even",
+		Replicas: []int32{4, 2, 1}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{1, 1, 1}, Rate: 20, PromptWords: 128, Lost: -1},
+	{Name: "cluster-lost", Reps: 3, Title: "cluster lost: central's pods, pickers and gateway killed halfway, arrivals even",
+		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{1, 1, 1}, Rate: 16, PromptWords: 128, Lost: 2},
 }
 
 var policies = []string{"gie-local", "round-robin", "least-load", "fleetinfer", "oracle"}
 
 // fleetEPPConfig is fleetinfer's default configuration (epp/default-config.yaml)
-// with two changes for this workload, and GIE's in-flight counting:
-//   - the cross-cluster filter's headroom ends earlier. A local pod has
-//     headroom while nothing waits (queueDepthThreshold 1; the default, 5, is
-//     GIE's saturation threshold, meant for batches far larger than these
-//     simulators' 4) and its KV cache is under 30% full
-//     (kvCacheUtilThreshold 0.3, default 0.8: here one request, past which
-//     prefill runs slower than on an idle pod, by more than a remote pod's
-//     network cost on loopback). Local metrics count as fresh for a second
-//     (a 50 ms scrape runs late on a busy machine);
+// with GIE's in-flight counting, and the spill policy's caps and staleness
+// set for this workload:
+//   - the estimate decides the crossing (see epp/spill): the default
+//     service rate, 10 requests/s per pod, is what these simulators serve
+//     with a full batch (4 slots, about 400 ms a request) until the picker
+//     has measured it, and the default margin is 20 ms;
+//   - a remote pod with a request waiting (queueDepthThreshold 1) or a KV
+//     cache over 80% full is no candidate: with 4-slot simulators a queue
+//     means a full batch. Local metrics count as fresh for a second (a
+//     50 ms scrape runs late on a busy machine);
 //   - GIE's inflight-load-producer counts the picker's own requests in
 //     flight per pod, and fleetinfer's in-flight-requests-scorer spreads
 //     picks by that count between scrapes (epp/plugins/inflight).
-//
-// Trials of the hot-cluster scenario on a quiet machine (p99 TTFT, median
-// of 3 repetitions; least-load and oracle in the same trial):
-//   - 0.5, no in-flight scorer: 178 ms (least-load 122, oracle 120);
-//   - 0.3, no in-flight scorer: 133 ms (130, 121);
-//   - 0.5 with it: 147 ms (124, 98);
-//   - 0.3 with it: 123 ms (122, 100).
-//
-// The in-flight scorer removed the worst repetition's tail (449 ms to
-// 147 ms), the burst that lands on one pod between two scrapes. An earlier
-// trial on a busy machine put 0.8 at 578 ms against 357 ms for 0.5.
 const fleetEPPConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: cross-cluster-filter
-  parameters: {queueDepthThreshold: 1, kvCacheUtilThreshold: 0.3, metricsStalenessThreshold: 1s}
+  parameters: {queueDepthThreshold: 1, kvCacheUtilThreshold: 0.8, metricsStalenessThreshold: 1s}
 - type: cross-cluster-scorer
 - type: inflight-load-producer
 - type: in-flight-requests-scorer
@@ -178,10 +178,9 @@ func run(ctx context.Context, c config) error {
 		spokes[i].SimulatorArgs = nil
 	}
 	res := &results{Config: c, Run: host.StartRun(), FleetEPPConfig: c.fleetConfig}
-	// Every policy here reaches remote pods directly (Endpoint mode), which
-	// needs pod addresses reachable across clusters: a flat pod network,
-	// through the default matrix's links.
-	fl, err := fleet.Start(ctx, fleet.Options{Spokes: spokes, NoControllers: true, PodNetwork: wan.Flat})
+	// The clusters are apart: the default matrix's links, isolated pod
+	// networks, fleetinfer's pickers in Parent mode.
+	fl, err := fleet.Start(ctx, fleet.Options{Spokes: spokes, NoControllers: true, PodNetwork: wan.Isolated})
 	if err != nil {
 		if fl != nil {
 			fl.Stop()
@@ -190,6 +189,9 @@ func run(ctx context.Context, c config) error {
 	}
 	defer fl.Stop()
 	res.FleetStartup = fl.StartupTime.Round(100 * time.Millisecond).String()
+	if res.WAN, err = wanOf(fl); err != nil {
+		return err
+	}
 	routers, err := startRouterNodes(ctx, fl, stock)
 	if err != nil {
 		return err
@@ -199,7 +201,7 @@ func run(ctx context.Context, c config) error {
 		res.Clusters = append(res.Clusters, s.Name())
 	}
 	for si, sc := range scenarios {
-		if c.only != "" && sc.Name != c.only {
+		if c.only != "" && !slices.Contains(strings.Split(c.only, ","), sc.Name) {
 			continue
 		}
 		fmt.Printf("scenario %s (at %s)\n", sc.Name, time.Since(began).Round(time.Second))
@@ -207,10 +209,13 @@ func run(ctx context.Context, c config) error {
 		if err := runScenario(ctx, c, fl, si, sc, res); err != nil {
 			return fmt.Errorf("%s: %w", sc.Name, err)
 		}
+		// The results so far, so that a run cut short leaves the
+		// scenarios it finished.
+		if err := res.writeSoFar(c.out); err != nil {
+			return err
+		}
 	}
-	res.Finish()
-	res.summarize()
-	return res.write(c.out)
+	return nil
 }
 
 // runScenario runs every policy on the scenario's arrivals, on one
@@ -241,7 +246,16 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, si int, sc scen
 			}
 			r := newRouter(pol, sc, d, uint64(rep))
 			arrivals := sc.arrivals(c.duration, uint64(1000*si+rep), pol)
-			cl := newLoadClient(c.maxTokens, 60*time.Second, d.podCluster)
+			if sc.PrefixHome {
+				if err := d.warmPrefixes(ctx, sc, pol, r); err != nil {
+					return err
+				}
+			}
+			before, err := d.pickerCounts(ctx, pol)
+			if err != nil {
+				return err
+			}
+			cl := newLoadClient(c.maxTokens, 60*time.Second, d.podCluster, d.rtt)
 			runCtx, cancel := context.WithCancel(ctx)
 			start := time.Now().Add(200 * time.Millisecond)
 			if sky, ok := r.(*skyServe); ok {
@@ -249,25 +263,34 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, si int, sc scen
 				sky.refresh(probe)
 				go sky.sync(runCtx, start, probe)
 			}
-			var lossErr error
-			lossDone := make(chan struct{})
-			if sc.Lost >= 0 {
+			restore, err := d.setSlowLink(sc)
+			if err != nil {
+				cancel()
+				return err
+			}
+			var midErr error
+			midDone := make(chan struct{})
+			if mid := d.halfway(ctx, sc, r); mid != nil {
 				time.AfterFunc(time.Until(start.Add(c.duration/2)), func() {
-					defer close(lossDone)
-					r.lose(sc.Lost)
-					lossErr = d.lose(ctx, sc.Lost)
+					defer close(midDone)
+					midErr = mid()
 				})
 			} else {
-				close(lossDone)
+				close(midDone)
 			}
 			began := time.Now()
 			out := cl.runLoad(runCtx, r, arrivals, c.maxInFlight, start)
 			cancel()
-			<-lossDone
-			if lossErr != nil {
-				return lossErr
+			<-midDone
+			if err := errors.Join(midErr, restore()); err != nil {
+				return err
+			}
+			after, err := d.pickerCounts(ctx, pol)
+			if err != nil {
+				return err
 			}
 			run := newRun(sc, pol, rep, out, c.duration, c.slo, time.Since(began))
+			run.addPickerCounts(before, after)
 			fmt.Printf("  %-12s %s\n", pol, run.line())
 			res.Runs = append(res.Runs, run)
 			if sc.Lost >= 0 {
@@ -303,5 +326,5 @@ func newRouter(pol string, sc scenario, d *deployment, seed uint64) router {
 			pods = append(pods, oraclePod{addr: p, cluster: i, slots: sc.MaxNumSeqs[i]})
 		}
 	}
-	return newOracle(pods, seed)
+	return newOracle(pods, seed, d.rtt, time.Duration(sc.PrefixWords)*simPrefillPerToken)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -23,7 +24,10 @@ type results struct {
 	Scenarios      []scenario  `json:"scenarios"`
 	Runs           []runResult `json:"runs"`
 	Summary        []summary   `json:"summary"`
-	HotCluster     *verdict    `json:"hot_cluster_bar,omitempty"`
+	// WAN is the network between the clusters.
+	WAN *wanSetup `json:"wan"`
+	// Bars are the issue's "done when" bars, judged on the medians.
+	Bars []bar `json:"bars"`
 }
 
 type setup struct {
@@ -54,9 +58,17 @@ type runResult struct {
 	// CrossShare is the share of completed requests served in another
 	// cluster than the one they entered.
 	CrossShare float64 `json:"cross_cluster_share"`
+	Crossed    int     `json:"crossed"`
 	// CacheHit is the share of prompt tokens the simulators found in their
 	// prefix caches.
 	CacheHit float64 `json:"prefix_cache_hit"`
+	// ForwardedTwice counts requests fleetinfer's pickers sent to another
+	// cluster twice (see addPickerCounts); 0 for the other policies, whose
+	// pickers do not forward. RemoteAgeP99Ms is the p99 age of remote data
+	// at fleetinfer's crossing picks, from the peer's scrape to the pick
+	// (fleetinfer_epp_federation_lag_seconds); absent for other policies.
+	ForwardedTwice int      `json:"forwarded_twice"`
+	RemoteAgeP99Ms *float64 `json:"remote_age_p99_ms,omitempty"`
 	// Served counts completed requests per serving cluster.
 	Served   []int          `json:"served_per_cluster"`
 	ErrKinds map[string]int `json:"errors_by_kind,omitempty"`
@@ -114,6 +126,7 @@ func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Dur
 	if len(out) > 0 {
 		r.WithinSLO = float64(good) / float64(len(out))
 	}
+	r.Crossed = cross
 	if served > 0 {
 		r.CrossShare = float64(cross) / float64(served)
 	}
@@ -156,18 +169,25 @@ type summary struct {
 	CrossShare float64 `json:"cross_cluster_share"`
 	CacheHit   float64 `json:"prefix_cache_hit"`
 	ErrorShare float64 `json:"error_share"`
+	// P99Range and GoodputRange are the lowest and highest over the runs.
+	P99Range     [2]float64 `json:"ttft_p99_range_ms"`
+	GoodputRange [2]float64 `json:"goodput_range_rps"`
+	// ForwardedTwice is the total over the runs; RemoteAgeP99Ms the median
+	// of the runs' (absent for policies other than fleetinfer).
+	ForwardedTwice int      `json:"forwarded_twice"`
+	RemoteAgeP99Ms *float64 `json:"remote_age_p99_ms,omitempty"`
 	// LoadAverage and SendLagMs are medians of the runs' figures.
 	LoadAverage float64 `json:"load_average"`
 	SendLagMs   float64 `json:"max_send_lag_ms"`
 	Runs        int     `json:"runs"`
 }
 
-// verdict is the issue's bar for the hot-cluster scenario: fleetinfer's p99
-// TTFT at most half of cluster-local GIE's, below round-robin's and
-// least-load's, and within 1.2× of the oracle's.
-type verdict struct {
-	VsLocal, VsRoundRobin, VsLeastLoad, VsOracle float64
-	Met                                          bool
+// bar is one of the issue's bars and whether this run met it.
+type bar struct {
+	Scenario string `json:"scenario"`
+	Bar      string `json:"bar"`
+	Figure   string `json:"figure"`
+	Met      bool   `json:"met"`
 }
 
 func (r *results) summarize() {
@@ -183,36 +203,110 @@ func (r *results) summarize() {
 		}
 		groups[k] = append(groups[k], run)
 	}
-	p99 := map[key]float64{}
 	for _, k := range order {
-		var p50s, p99s, tp, gp, slo, cross, hit, errs, load, lag []float64
+		var p50s, p99s, tp, gp, slo, cross, hit, errs, load, lag, age []float64
+		twice := 0
 		for _, run := range groups[k] {
 			p50s, p99s = append(p50s, run.P50Ms), append(p99s, run.P99Ms)
 			tp, gp, slo = append(tp, run.Throughput), append(gp, run.Goodput), append(slo, run.WithinSLO)
 			cross, errs = append(cross, run.CrossShare), append(errs, float64(run.Errors)/float64(max(run.Requests, 1)))
 			hit = append(hit, run.CacheHit)
 			load, lag = append(load, run.LoadAverage), append(lag, run.MaxSendLagMs)
+			twice += run.ForwardedTwice
+			if run.RemoteAgeP99Ms != nil {
+				age = append(age, *run.RemoteAgeP99Ms)
+			}
 		}
 		s := summary{Scenario: k.sc, Policy: k.pol, P50Ms: stats.Median(p50s), P99Ms: stats.Median(p99s), Throughput: stats.Median(tp),
 			Goodput: stats.Median(gp), WithinSLO: stats.Median(slo), CrossShare: stats.Median(cross), CacheHit: stats.Median(hit), ErrorShare: stats.Median(errs),
-			LoadAverage: stats.Median(load), SendLagMs: stats.Median(lag), Runs: len(groups[k])}
-		p99[k] = s.P99Ms
+			P99Range: [2]float64{slices.Min(p99s), slices.Max(p99s)}, GoodputRange: [2]float64{slices.Min(gp), slices.Max(gp)},
+			ForwardedTwice: twice, LoadAverage: stats.Median(load), SendLagMs: stats.Median(lag), Runs: len(groups[k])}
+		if len(age) > 0 {
+			m := stats.Median(age)
+			s.RemoteAgeP99Ms = &m
+		}
 		r.Summary = append(r.Summary, s)
 	}
-	const hot = "hot-cluster"
-	f := p99[key{hot, "fleetinfer"}]
-	if f == 0 {
-		return
-	}
-	ratio := func(pol string) float64 {
-		if o := p99[key{hot, pol}]; o > 0 {
-			return f / o
+	r.Bars = r.judge()
+}
+
+// real are the policies one can run; the oracle is a bound.
+var realPolicies = []string{"gie-local", "round-robin", "least-load", "fleetinfer"}
+
+// judge checks the issue's bars against the summary.
+func (r *results) judge() []bar {
+	get := func(sc, pol string) (summary, bool) {
+		for _, m := range r.Summary {
+			if m.Scenario == sc && m.Policy == pol {
+				return m, true
+			}
 		}
-		return 0
+		return summary{}, false
 	}
-	v := &verdict{VsLocal: ratio("gie-local"), VsRoundRobin: ratio("round-robin"), VsLeastLoad: ratio("least-load"), VsOracle: ratio("oracle")}
-	v.Met = v.VsLocal <= 0.5 && v.VsRoundRobin < 1 && v.VsLeastLoad < 1 && v.VsOracle <= 1.2
-	r.HotCluster = v
+	var out []bar
+	add := func(sc, text, figure string, met bool) {
+		out = append(out, bar{Scenario: sc, Bar: text, Figure: figure, Met: met})
+	}
+	if f, ok := get("hot-cluster", "fleetinfer"); ok {
+		rr, _ := get("hot-cluster", "round-robin")
+		ll, _ := get("hot-cluster", "least-load")
+		o, _ := get("hot-cluster", "oracle")
+		gl, _ := get("hot-cluster", "gie-local")
+		better := min(rr.P99Ms, ll.P99Ms)
+		add("hot-cluster", "p99 TTFT ≤ 0.85× the better of round-robin and least-load", fmt.Sprintf("%.2f×", f.P99Ms/better), f.P99Ms <= 0.85*better)
+		add("hot-cluster", "p99 TTFT ≤ 1.2× the oracle's", fmt.Sprintf("%.2f×", f.P99Ms/o.P99Ms), f.P99Ms <= 1.2*o.P99Ms)
+		add("hot-cluster", "p99 TTFT ≤ 0.5× gie-local's", fmt.Sprintf("%.2f×", f.P99Ms/gl.P99Ms), f.P99Ms <= 0.5*gl.P99Ms)
+	}
+	for _, sc := range []string{"prefix-remote", "prefix-heavy"} {
+		f, ok := get(sc, "fleetinfer")
+		if !ok {
+			continue
+		}
+		bestHit, lowest := 0.0, true
+		for _, pol := range policies {
+			if m, ok := get(sc, pol); ok {
+				bestHit = max(bestHit, m.CacheHit)
+				if pol != "fleetinfer" && pol != "oracle" && m.P99Ms < f.P99Ms {
+					lowest = false
+				}
+			}
+		}
+		add(sc, "prefix-cache hit share ≥ 0.9× the best policy's", fmt.Sprintf("%.0f%% vs %.0f%%", 100*f.CacheHit, 100*bestHit), f.CacheHit >= 0.9*bestHit)
+		add(sc, "p99 TTFT the lowest of the real policies", fmt.Sprintf("%.0f ms", f.P99Ms), lowest)
+	}
+	for _, sc := range []string{"moving-hotspot", "slowing-link"} {
+		f, ok := get(sc, "fleetinfer")
+		if !ok {
+			continue
+		}
+		best, met := 0.0, true
+		for _, pol := range realPolicies {
+			if m, ok := get(sc, pol); ok && pol != "fleetinfer" {
+				best = max(best, m.Goodput)
+				met = met && f.Goodput >= m.Goodput
+			}
+		}
+		add(sc, "goodput ≥ every other real policy's", fmt.Sprintf("%.1f vs best other %.1f req/s", f.Goodput, best), met)
+	}
+	for _, s := range r.Scenarios {
+		f, ok := get(s.Name, "fleetinfer")
+		if !ok {
+			continue
+		}
+		add(s.Name, "0 requests forwarded twice", fmt.Sprint(f.ForwardedTwice), f.ForwardedTwice == 0)
+		if f.RemoteAgeP99Ms != nil {
+			add(s.Name, "remote data age p99 < 250 ms", fmt.Sprintf("%.0f ms", *f.RemoteAgeP99Ms), *f.RemoteAgeP99Ms < 250)
+		}
+	}
+	return out
+}
+
+// writeSoFar summarizes the runs so far and writes the results.
+func (r *results) writeSoFar(dir string) error {
+	r.Finish()
+	r.Summary = nil
+	r.summarize()
+	return r.write(dir)
 }
 
 func (r *results) write(dir string) error {
@@ -243,21 +337,35 @@ var policyNotes = map[string]string{
 		"each cluster's stock EPP picks the pod. Ready set refreshed every 20 s.",
 	"least-load": "(c) SkyServe's load balancer with `LeastLoadPolicy`, its default: the gateway with the fewest requests in flight " +
 		"as the load balancer itself counts them (dispatch to end of stream), ties to the first; each cluster's stock EPP picks the pod. Ready set refreshed every 20 s.",
-	"fleetinfer": "(d) fleetinfer's EPP in each cluster, federated (Endpoint mode: the remote pod's ip:port), with the configuration below: " +
-		"local pods while one has headroom, else local plus the least loaded remote pods, scored with a network cost.",
-	"oracle": "(e) in-process: every request goes straight to the pod with the fewest requests in flight per batch slot fleet-wide, " +
-		"counted exactly in the benchmark (all traffic is its own), and knows a lost cluster at once. It is blind to prefix caches.",
+	"fleetinfer": "(d) fleetinfer's EPP in each cluster, federated (Parent mode: the remote cluster's gateway, with signed marks), with the configuration below: " +
+		"it estimates each pod's time to first token (load over the measured service rate, plus the measured round trip for a remote pod) and sends a request " +
+		"to another cluster only when a remote pod is expected sooner by the margin (epp/spill).",
+	"oracle": "(e) in-process: every request goes straight to the pod where it expects the first token soonest: requests in flight per batch slot fleet-wide " +
+		"(counted exactly in the benchmark: all traffic is its own) times 400 ms, plus the link's current round trip from the entry cluster, plus the prefix's prefill " +
+		"where the pod does not hold it (it saw every request and warm-up); it knows a lost cluster at once.",
 }
 
 func (r *results) markdown() string {
 	var b strings.Builder
-	b.WriteString("# Routing benchmark: five policies, four scenarios, one local fleet\n\n")
-	fmt.Fprintf(&b, "Written by `make bench-routing` (`go run ./bench/routing -out bench/results -stock-epp bin/gie-epp`, bench/routing) on %s, started %s, in %s "+
+	fmt.Fprintf(&b, "# Routing benchmark: five policies, %d scenarios, three clusters apart\n\n", len(r.Scenarios))
+	fmt.Fprintf(&b, "Written by `go run ./bench/routing %s` (bench/routing; `make bench-routing` runs it with `-out bench/results -stock-epp bin/gie-epp`) on %s, started %s, in %s "+
 		"(fleet start-up %s). The machine's 1-minute load average was %.1f at the start and %.1f at the end (2 cores, shared with other work: "+
 		"compare policies within a scenario, which ran back to back, rather than absolute figures). Each scenario states its repetitions; figures are medians over them, "+
 		"and each repetition starts with the next policy in turn.\n\n",
-		r.Machine, r.Started, r.Duration, r.FleetStartup, r.LoadAverage[0], r.LoadAverage[1])
+		strings.Join(os.Args[1:], " "), r.Machine, r.Started, r.Duration, r.FleetStartup, r.LoadAverage[0], r.LoadAverage[1])
 	b.WriteString("## Setup\n\n")
+	if w := r.WAN; w != nil {
+		var links []string
+		for _, l := range w.Links {
+			links = append(links, fmt.Sprintf("%s–%s %.0f ms (jitter %.1f ms)", l.A, l.B, l.RTTMs, l.JitterMs))
+		}
+		fmt.Fprintf(&b, "The clusters are apart: every connection between them crosses an emulated link (localfleet/wan, the default matrix: %s), "+
+			"pod networks are %s (no cluster reaches another's pod addresses) and fleetinfer's pickers federate in %s mode: a request that crosses goes "+
+			"from the entry cluster's gateway to the other cluster's, with signed marks, and pays the link. The load generator stands in the cluster a request "+
+			"enters; where a policy sends a request to another cluster from the client (SkyServe's load balancer to another gateway, the oracle to another "+
+			"cluster's pod), the client first waits out that link's current round trip, since the fabric does not delay the client's own connections.\n\n",
+			strings.Join(links, ", "), w.PodNetwork, w.Mode)
+	}
 	fmt.Fprintf(&b, "Three clusters (%s), each a real kube-apiserver with a local kubelet, and each its local gateway (Envoy's ext-proc exchange). "+
 		"Model servers are `llm-d-inference-sim` v0.10.2 pods on loopback addresses with a latency model: `%s` and per cluster `--max-num-seqs`. "+
 		"A request is a streamed `/v1/completions` of %d tokens (`ignore_eos`); TTFT runs on the client from the request's scheduled arrival to the first SSE event "+
@@ -284,28 +392,47 @@ func (r *results) markdown() string {
 		if s.Prefixes > 0 {
 			prompts = fmt.Sprintf("one of %d shared %d-token prefixes + %d unique tokens", s.Prefixes, s.PrefixWords, s.PromptWords)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %.0f/s | %s | %d |\n", s.Title, join(s.Replicas), join(s.MaxNumSeqs), s.KVBlocks, shares(s.Entry), s.Rate, prompts, s.Reps)
+		if s.PrefixHome {
+			prompts += ", prefix p cached in cluster p mod 3 before the run"
+		}
+		entry := shares(s.Entry)
+		if len(s.EntryPhases) > 0 {
+			var phases []string
+			for _, p := range s.EntryPhases {
+				phases = append(phases, shares(p))
+			}
+			entry = strings.Join(phases, " → ")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %.0f/s | %s | %d |\n", s.Title, join(s.Replicas), join(s.MaxNumSeqs), s.KVBlocks, entry, s.Rate, prompts, s.Reps)
 	}
 	fmt.Fprintf(&b, "\n"+lossNote+"\n", r.Setup.RunSeconds/2)
 	b.WriteString("## Results\n\n")
 	for _, s := range r.Scenarios {
-		fmt.Fprintf(&b, "### %s\n\n| policy | TTFT p50 ms | TTFT p99 ms | throughput req/s | goodput req/s | within SLO | errors | cross-cluster | prefix-cache hits | runs | load average | send lag ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", s.Title)
+		fmt.Fprintf(&b, "### %s\n\n| policy | TTFT p50 ms | TTFT p99 ms (range) | throughput req/s | goodput req/s (range) | within SLO | errors | cross-cluster | prefix-cache hits | forwarded twice | remote age p99 ms | runs | load average | send lag ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", s.Title)
 		for _, m := range r.Summary {
 			if m.Scenario != s.Name {
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f%% | %.0f%% | %d | %.1f | %.0f |\n", m.Policy, m.P50Ms, m.P99Ms, m.Throughput, m.Goodput,
-				100*m.WithinSLO, 100*m.ErrorShare, 100*m.CrossShare, 100*m.CacheHit, m.Runs, m.LoadAverage, m.SendLagMs)
+			age := "–"
+			if m.RemoteAgeP99Ms != nil {
+				age = fmt.Sprintf("%.0f", *m.RemoteAgeP99Ms)
+			}
+			fmt.Fprintf(&b, "| %s | %.0f | %.0f (%.0f–%.0f) | %.1f | %.1f (%.1f–%.1f) | %.0f%% | %.1f%% | %.0f%% | %.0f%% | %d | %s | %d | %.1f | %.0f |\n", m.Policy, m.P50Ms,
+				m.P99Ms, m.P99Range[0], m.P99Range[1], m.Throughput, m.Goodput, m.GoodputRange[0], m.GoodputRange[1],
+				100*m.WithinSLO, 100*m.ErrorShare, 100*m.CrossShare, 100*m.CacheHit, m.ForwardedTwice, age, m.Runs, m.LoadAverage, m.SendLagMs)
 		}
 		b.WriteString("\n")
 	}
-	if v := r.HotCluster; v != nil {
-		met := "met"
-		if !v.Met {
-			met = "not met"
+	if len(r.Bars) > 0 {
+		b.WriteString("## The issue's bars\n\nJudged on the medians above.\n\n| scenario | bar | fleetinfer | met |\n|---|---|---|---|\n")
+		for _, x := range r.Bars {
+			met := "no"
+			if x.Met {
+				met = "**yes**"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", x.Scenario, x.Bar, x.Figure, met)
 		}
-		fmt.Fprintf(&b, "## The issue's bar (hot cluster)\n\nfleetinfer's p99 TTFT over each other policy's, same run: **%.2f× gie-local** (bar ≤ 0.5), **%.2f× round-robin** (bar < 1), "+
-			"**%.2f× least-load** (bar < 1), **%.2f× oracle** (bar ≤ 1.2): %s.\n\n", v.VsLocal, v.VsRoundRobin, v.VsLeastLoad, v.VsOracle, met)
+		b.WriteString("\n")
 	}
 	b.WriteString(r.reading())
 	b.WriteString("![TTFT per scenario and policy](routing-ttft.svg)\n\n![requests within the SLO per second, cluster lost halfway](routing-timeline.svg)\n\n")
@@ -335,35 +462,36 @@ func (r *results) reading() string {
 		}
 		return summary{}
 	}
-	hotF, hotRR, hotO := get("hot-cluster", "fleetinfer"), get("hot-cluster", "round-robin"), get("hot-cluster", "oracle")
-	lostLL, lostRR, lostF := get("cluster-lost", "least-load"), get("cluster-lost", "round-robin"), get("cluster-lost", "fleetinfer")
 	var b strings.Builder
 	b.WriteString("## Reading the results\n\n")
-	fmt.Fprintf(&b, "**Hot cluster.** fleetinfer serves a request in the cluster it enters while a local pod has headroom, so east's pods run at the edge "+
-		"of it while west and central idle: %.0f%% of its requests crossed clusters, against %.0f%% for round-robin and %.0f%% for the oracle. That is the "+
-		"design (local first, a network cost for remote pods) and it costs tail latency here, where a local pod's prefill slows as its batch grows "+
-		"while a hop to an idle pod in another cluster costs nothing on loopback: fleetinfer's p99 is %.0f ms (p50 %.0f ms). The oracle counts "+
-		"requests in flight exactly and spreads them over every pod (p99 %.0f ms); SkyServe's load balancer also counts its own requests exactly, "+
-		"per cluster, and with three equal clusters even round-robin is a fair split (p99 %.0f ms). Between regions each crossing would add a "+
-		"round trip to its TTFT, which this benchmark does not model. Between two 50 ms scrapes every pick sees the same metrics; fleetinfer's "+
-		"`in-flight-requests-scorer` spreads a burst by the picker's own requests in flight (counted by GIE's `inflight-load-producer`, whose own "+
-		"consumer, the `token-load-scorer`, GIE v1.5.0's data-dependency check rejects), which the stock EPP cannot.\n\n",
-		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotF.P50Ms, hotO.P99Ms, hotRR.P99Ms)
-	b.WriteString("**Unequal capacity.** Round-robin gives the one-pod cluster a third of the requests whatever its size; least-load sends fewer there " +
-		"only as its requests pile up. fleetinfer and the oracle see pods, not clusters.\n\n")
+	hotF, hotRR, hotLL, hotO := get("hot-cluster", "fleetinfer"), get("hot-cluster", "round-robin"), get("hot-cluster", "least-load"), get("hot-cluster", "oracle")
+	fmt.Fprintf(&b, "**Hot cluster.** fleetinfer's pickers send a request to another cluster only when a pod there is expected to answer sooner, "+
+		"round trip included: %.0f%% of its requests crossed (round-robin %.0f%%, least-load %.0f%%, oracle %.0f%%), p99 %.0f ms against %.0f (round-robin), "+
+		"%.0f (least-load) and %.0f (oracle). Every crossing pays its link's round trip (19–34 ms here) on top of an extra gateway and picker.\n\n",
+		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotLL.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotRR.P99Ms, hotLL.P99Ms, hotO.P99Ms)
+	mvF, mvLL := get("moving-hotspot", "fleetinfer"), get("moving-hotspot", "least-load")
+	slF, slLL := get("slowing-link", "fleetinfer"), get("slowing-link", "least-load")
+	fmt.Fprintf(&b, "**Moving hot spot and slowing link.** Goodput at the SLO: fleetinfer %.1f and %.1f req/s, least-load %.1f and %.1f. "+
+		"fleetinfer's estimate reads each pod's load as its picker's peers publish it (every 50 ms) and each link's round trip as its federation pings "+
+		"measure it (every 500 ms, each moving the estimate halfway), so a hot spot that moves and a link that slows change where requests cross within "+
+		"about a second; SkyServe's least-load counts its own requests per cluster and knows nothing of links.\n\n",
+		mvF.Goodput, slF.Goodput, mvLL.Goodput, slLL.Goodput)
+	pl, pf, po := get("prefix-heavy", "gie-local"), get("prefix-heavy", "fleetinfer"), get("prefix-heavy", "oracle")
+	rf, ro := get("prefix-remote", "fleetinfer"), get("prefix-remote", "oracle")
+	fmt.Fprintf(&b, "**Prefixes.** Share of prompt tokens found in the simulators' caches: prefix-heavy %.0f%% under cluster-local GIE, %.0f%% under "+
+		"fleetinfer, %.0f%% under the oracle; prefix-remote %.0f%% under fleetinfer, %.0f%% under the oracle. The oracle knows where every prefix is cached; "+
+		"fleetinfer's pickers know only what their own routing placed (GIE's approximate prefix scorer), and in this build publish no prefix summary to "+
+		"their peers, so a request entering a cluster that does not hold its prefix cannot be sent to the one that does.\n\n",
+		100*pl.CacheHit, 100*pf.CacheHit, 100*po.CacheHit, 100*rf.CacheHit, 100*ro.CacheHit)
+	lostLL, lostRR, lostF := get("cluster-lost", "least-load"), get("cluster-lost", "round-robin"), get("cluster-lost", "fleetinfer")
 	fmt.Fprintf(&b, "**Cluster lost.** The pickers of the clusters that remain drop the lost cluster's pods when its picker's stream breaks, so fleetinfer "+
 		"loses only the requests in flight there (%.1f%% of its requests failed). SkyServe keeps the lost gateway in its ready set until the next sync; "+
 		"a connection to it is refused at once, so under `LeastLoadPolicy` it always has the least load and attracts every request, each tried three "+
 		"times over 2.6 s before failing (%.0f%% failed), while round-robin fails only the attempts whose turn it is (%.0f%%).\n\n",
 		100*lostF.ErrorShare, 100*lostLL.ErrorShare, 100*lostRR.ErrorShare)
-	pl, pf, po := get("prefix-heavy", "gie-local"), get("prefix-heavy", "fleetinfer"), get("prefix-heavy", "oracle")
-	fmt.Fprintf(&b, "**Prefix-heavy.** The GIE-based pickers score prefix-cache affinity, the oracle does not: %.0f%% of prompt tokens were "+
-		"cache hits under cluster-local GIE, %.0f%% under fleetinfer, %.0f%% under the oracle. Affinity also piles a prefix's requests onto one pod, "+
-		"so hits and queueing pull TTFT opposite ways. fleetinfer stays local while a local pod has headroom, so it does not reach for the "+
-		"fleet's larger cache either.\n\n", 100*pl.CacheHit, 100*pf.CacheHit, 100*po.CacheHit)
 	b.WriteString("**Noise.** This machine has 2 cores and other work ran beside the benchmark (load averages and the load generator's send lag " +
 		"are in the tables): a run whose send lag reaches hundreds of milliseconds had everything on the machine stalled for about as long, " +
-		"which shows as a TTFT tail whatever the policy. Read single-run tails with that in mind.\n\n")
+		"which shows as a TTFT tail whatever the policy. The ranges show how far repetitions differ.\n\n")
 	return b.String()
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -148,7 +149,7 @@ func TestOraclePicksTheLeastLoadedPodPerSlotAndSkipsLostClusters(t *testing.T) {
 		{addr: "a:1", cluster: 0, slots: 4, inflight: 3},
 		{addr: "b:1", cluster: 1, slots: 2, inflight: 1},
 		{addr: "c:1", cluster: 2, slots: 8, inflight: 3},
-	}, 1)
+	}, 1, func(a, b int) time.Duration { return 0 }, 0)
 	// Per slot: a 0.75, b 0.5, c 0.375.
 	tg, ok := o.route(arrival{})
 	if !ok || tg.URL != "http://c:1" || tg.Cluster != 2 || o.pods[2].inflight != 4 {
@@ -172,6 +173,49 @@ func TestOraclePicksTheLeastLoadedPodPerSlotAndSkipsLostClusters(t *testing.T) {
 	o.lose(0)
 	if _, ok := o.route(arrival{}); ok {
 		t.Fatal("routed with every cluster lost")
+	}
+}
+
+// The oracle adds the round trip from the entry cluster and the prefill of
+// a prefix the pod does not hold to each pod's load.
+func TestOracleWeighsRoundTripsAndWherePrefixesAreCached(t *testing.T) {
+	rtt := func(a, b int) time.Duration {
+		if a == b {
+			return 0
+		}
+		return 150 * time.Millisecond
+	}
+	newO := func() *oracle {
+		return newOracle([]oraclePod{
+			{addr: "a:1", cluster: 0, slots: 4, inflight: 1}, // 100 ms of load, local
+			{addr: "b:1", cluster: 1, slots: 4},              // idle, 150 ms away
+		}, 1, rtt, 320*time.Millisecond)
+	}
+	for _, tc := range []struct {
+		name  string
+		warm  int // cluster holding prefix 0, -1 none
+		a     arrival
+		want  int
+		setup func(o *oracle)
+	}{
+		{name: "a loaded local pod beats an idle one a slow link away", warm: -1, a: arrival{Entry: 0, Prefix: -1}, want: 0},
+		{name: "a heavier local load loses to the link", warm: -1, a: arrival{Entry: 0, Prefix: -1}, want: 1,
+			setup: func(o *oracle) { o.pods[0].inflight = 3 }},
+		{name: "a remote pod holding the prefix beats a local one that does not", warm: 1, a: arrival{Entry: 0, Prefix: 0}, want: 1},
+		{name: "the local pod holding it wins", warm: 0, a: arrival{Entry: 0, Prefix: 0}, want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newO()
+			if tc.warm >= 0 {
+				o.warm(tc.warm, 0)
+			}
+			if tc.setup != nil {
+				tc.setup(o)
+			}
+			if tg, _ := o.route(tc.a); tg.Cluster != tc.want {
+				t.Fatalf("routed to cluster %d, want %d", tg.Cluster, tc.want)
+			}
+		})
 	}
 }
 
@@ -228,18 +272,47 @@ func TestRunSummary(t *testing.T) {
 	}
 }
 
-func TestHotClusterVerdict(t *testing.T) {
+func TestBarsAreJudgedOnTheMedians(t *testing.T) {
 	for _, tc := range []struct {
 		fleet float64
-		met   bool
-	}{{100, true}, {130, false}, {90, true}} {
-		r := &results{Config: config{reps: 1}}
+		met   []bool // vs the better load balancer, the oracle, gie-local
+	}{{100, []bool{true, true, true}}, {130, []bool{false, false, true}}, {90, []bool{true, true, true}}, {210, []bool{false, false, false}}} {
+		r := &results{Config: config{reps: 1}, Scenarios: []scenario{{Name: "hot-cluster"}}}
 		for pol, p99 := range map[string]float64{"gie-local": 400, "round-robin": 200, "least-load": 150, "fleetinfer": tc.fleet, "oracle": 100} {
 			r.Runs = append(r.Runs, runResult{Scenario: "hot-cluster", Policy: pol, P99Ms: p99, Requests: 1})
 		}
 		r.summarize()
-		if r.HotCluster == nil || r.HotCluster.Met != tc.met {
-			t.Errorf("fleetinfer p99 %v: verdict %+v, want met=%v", tc.fleet, r.HotCluster, tc.met)
+		var got []bool
+		for _, b := range r.Bars[:3] {
+			got = append(got, b.Met)
 		}
+		if !slices.Equal(got, tc.met) {
+			t.Errorf("fleetinfer p99 %v: bars %+v, want met %v", tc.fleet, r.Bars, tc.met)
+		}
+		if last := r.Bars[len(r.Bars)-1]; last.Bar != "0 requests forwarded twice" || !last.Met {
+			t.Errorf("last bar %+v, want no request forwarded twice, met", last)
+		}
+	}
+}
+
+func TestRemoteAgeAndForwardsTwiceFromThePickersCounts(t *testing.T) {
+	before := pickerCounts{0: {remotePicks: 10, lag: map[float64]float64{0.05: 5, 0.1: 10, math.Inf(1): 10}},
+		1: {remotePicks: 0, lag: map[float64]float64{0.05: 0, 0.1: 0, math.Inf(1): 0}}}
+	after := pickerCounts{0: {remotePicks: 30, lag: map[float64]float64{0.05: 5, 0.1: 110, math.Inf(1): 110}},
+		1: {remotePicks: 5, lag: map[float64]float64{0.05: 0, 0.1: 0, math.Inf(1): 0}}}
+	r := runResult{Crossed: 22, Errors: 1}
+	r.addPickerCounts(before, after)
+	// 25 remote picks for 22 crossed requests and 1 failure: 2 twice.
+	if r.ForwardedTwice != 2 {
+		t.Errorf("forwarded twice %d, want 2", r.ForwardedTwice)
+	}
+	// 100 observations in (50 ms, 100 ms]: p99 at 99.5 ms.
+	if r.RemoteAgeP99Ms == nil || math.Abs(*r.RemoteAgeP99Ms-99.5) > 0.01 {
+		t.Errorf("remote age p99 %v, want 99.5 ms", r.RemoteAgeP99Ms)
+	}
+	var none runResult
+	none.addPickerCounts(nil, nil)
+	if none.RemoteAgeP99Ms != nil || none.ForwardedTwice != 0 {
+		t.Errorf("without counts: %+v", none)
 	}
 }

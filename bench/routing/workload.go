@@ -19,19 +19,34 @@ type scenario struct {
 	MaxNumSeqs []int   `json:"max_num_seqs"`
 	// KVBlocks is every simulator's KV cache in blocks of 16 tokens.
 	KVBlocks int `json:"kv_cache_blocks"`
-	// Entry is each cluster's share of arrivals.
-	Entry []float64 `json:"entry_share"`
+	// Entry is each cluster's share of arrivals. EntryPhases, when set,
+	// replace it in equal parts of the run, in turn: a hot spot that moves.
+	Entry       []float64   `json:"entry_share"`
+	EntryPhases [][]float64 `json:"entry_phases,omitempty"`
 	// Rate is arrivals per second (Poisson).
 	Rate float64 `json:"rate_per_s"`
 	// Prefixes > 0 gives every prompt one of that many long shared
 	// prefixes (documents or system prompts), chosen uniformly.
 	Prefixes    int `json:"prefixes,omitempty"`
 	PrefixWords int `json:"prefix_words,omitempty"`
+	// PrefixHome says that prefix p is cached in cluster p mod 3 before
+	// the run (warm), while requests for it enter every cluster.
+	PrefixHome bool `json:"prefix_home,omitempty"`
 	// PromptWords is the unique part of every prompt.
 	PromptWords int `json:"prompt_words"`
 	// Lost is the index of the cluster lost halfway through the run, -1
 	// for none.
 	Lost int `json:"lost"`
+	// SlowLink, when set, slows one link halfway through the run.
+	SlowLink *slowLink `json:"slow_link,omitempty"`
+}
+
+// slowLink is a link between clusters A and B whose round trip goes from
+// From to To halfway through a run.
+type slowLink struct {
+	A, B int
+	From time.Duration `json:"from_ns"`
+	To   time.Duration `json:"to_ns"`
 }
 
 // simLatency is every simulator's latency model: prefill time per prompt
@@ -54,6 +69,8 @@ type arrival struct {
 	// Entry is the cluster whose gateway the request enters.
 	Entry  int
 	Prompt string
+	// Prefix is the index of the prompt's shared prefix, -1 for none.
+	Prefix int
 }
 
 // arrivals draws the scenario's requests for a run of d: Poisson arrivals,
@@ -73,20 +90,30 @@ func (s scenario) arrivals(d time.Duration, seed uint64, salt string) []arrival 
 			return out
 		}
 		shares := s.Entry
+		if n := len(s.EntryPhases); n > 0 {
+			shares = s.EntryPhases[min(int(int64(at)*int64(n)/int64(d)), n-1)]
+		}
 		if s.Lost >= 0 && at >= d/2 {
 			shares = append([]float64(nil), s.Entry...)
 			shares[s.Lost] = 0
 		}
-		a := arrival{At: at, Entry: pickShare(shares, r.Float64())}
+		a := arrival{At: at, Entry: pickShare(shares, r.Float64()), Prefix: -1}
 		var b strings.Builder
 		if s.Prefixes > 0 {
-			p := r.IntN(s.Prefixes)
-			words(&b, fmt.Sprintf("%s-doc%d", salt, p), s.PrefixWords)
+			a.Prefix = r.IntN(s.Prefixes)
+			b.WriteString(s.prefix(salt, a.Prefix))
 		}
 		words(&b, fmt.Sprintf("%s-req%d", salt, i), s.PromptWords)
 		a.Prompt = b.String()
 		out = append(out, a)
 	}
+}
+
+// prefix is the text of shared prefix p under salt.
+func (s scenario) prefix(salt string, p int) string {
+	var b strings.Builder
+	words(&b, fmt.Sprintf("%s-doc%d", salt, p), s.PrefixWords)
+	return b.String()
 }
 
 // pickShare maps u in [0,1) to an index with probability proportional to

@@ -55,7 +55,7 @@ func newFederatedPairStale(t *testing.T, staleAfter time.Duration) *federatedPai
 	if err := dir.Load(); err != nil {
 		t.Fatal(err)
 	}
-	p.store = subscribeStale(t, "east", p.east.creds, dir, staleAfter)
+	p.store = subscribeWith(t, "east", p.east.creds, dir, staleAfter, 0)
 	return p
 }
 

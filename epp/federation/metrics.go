@@ -36,6 +36,10 @@ var (
 		Name: "fleetinfer_epp_federation_stream_errors_total",
 		Help: "Subscription streams to a peer that ended, by reason (connect, transport, protocol, rate, stale).",
 	}, []string{"peer", "reason"})
+	peerRTT = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fleetinfer_epp_peer_rtt_seconds",
+		Help: "Round trip to each peer's cluster as the spill policy uses it: federation pings on the subscription's connection, each moving the estimate halfway.",
+	}, []string{"peer"})
 	endpointsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_endpoints_refused_total",
 		Help: "Peers' endpoints not held because of their address, by peer and reason (loopback, link-local, unspecified, multicast, own-range, outside-peer-ranges).",
@@ -53,5 +57,5 @@ var (
 // Collectors returns the federation's metrics.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{peersConnected, subscribers, remoteEndpoints, lag, bytesTotal,
-		updatesTotal, streamErrors, refused, endpointsRefused, endpointsWithheld}
+		updatesTotal, streamErrors, refused, endpointsRefused, endpointsWithheld, peerRTT}
 }

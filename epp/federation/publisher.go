@@ -494,6 +494,15 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 	}
 }
 
+// Ping answers peers' round-trip probes (see Subscriber). Only peers in
+// the directory are answered, as for Subscribe.
+func (p *Publisher) Ping(ctx context.Context, _ *federationv1.PingRequest) (*federationv1.PingReply, error) {
+	if _, _, ok := p.authorize(ctx); !ok {
+		return nil, status.Error(codes.PermissionDenied, "client identity is not a peer in the peer directory")
+	}
+	return &federationv1.PingReply{}, nil
+}
+
 // authorize returns the cluster of the stream's client and its verified
 // certificate chain.
 func (p *Publisher) authorize(ctx context.Context) (string, []*x509.Certificate, bool) {

@@ -30,7 +30,8 @@ const OriginAttribute = "fleetinfer.io/origin"
 const ClusterLabel = "fleetinfer.io/cluster"
 
 // Origin describes a remote endpoint's cluster and how to reach it. It is
-// immutable once attached, so Clone returns it as is.
+// immutable once attached, so Clone returns it as is; the round trip it
+// points to is the one value that changes, measured by the subscription.
 type Origin struct {
 	Cluster string
 	// Mode says whether requests go to the pod itself (Endpoint) or to its
@@ -38,6 +39,39 @@ type Origin struct {
 	Mode fleetv1alpha1.FederationMode
 	// Gateway is the cluster's gateway address (host:port), for Parent mode.
 	Gateway string
+	// RoundTrip is the measured round trip to the cluster; nil when
+	// nothing measures it.
+	RoundTrip *RoundTrip
+}
+
+// RTT returns the measured round trip to the cluster, 0 while unknown.
+func (o *Origin) RTT() time.Duration {
+	if o.RoundTrip == nil {
+		return 0
+	}
+	return o.RoundTrip.Get()
+}
+
+// RoundTrip is a round-trip time that follows its samples: each moves it
+// halfway to the sample, so that a link that slows is followed within a few
+// samples while one late answer moves it only half as far.
+type RoundTrip struct {
+	ns atomic.Int64
+}
+
+// Get returns the current estimate, 0 before the first sample.
+func (r *RoundTrip) Get() time.Duration { return time.Duration(r.ns.Load()) }
+
+// Observe adds a sample and returns the new estimate. One goroutine
+// observes; any may Get.
+func (r *RoundTrip) Observe(sample time.Duration) time.Duration {
+	cur := r.ns.Load()
+	next := int64(sample)
+	if cur > 0 {
+		next = (cur + int64(sample)) / 2
+	}
+	r.ns.Store(next)
+	return time.Duration(next)
 }
 
 func (o *Origin) Clone() fwkdl.Cloneable { return o }

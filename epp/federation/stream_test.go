@@ -150,15 +150,17 @@ var testDestinations = Destinations{AllowLoopback: true}
 // store with a staleness bound of a second.
 func subscribe(t *testing.T, self string, creds *Credentials, dir *DirectoryFile) *Store {
 	t.Helper()
-	return subscribeStale(t, self, creds, dir, time.Second)
+	return subscribeWith(t, self, creds, dir, time.Second, 0)
 }
 
-// subscribeStale is subscribe with the staleness bound staleAfter.
-func subscribeStale(t *testing.T, self string, creds *Credentials, dir *DirectoryFile, staleAfter time.Duration) *Store {
+// subscribeWith is subscribe with the staleness bound staleAfter, measuring
+// round trips every ping (0: never).
+func subscribeWith(t *testing.T, self string, creds *Credentials, dir *DirectoryFile, staleAfter, ping time.Duration) *Store {
 	t.Helper()
 	store := NewStore(staleAfter)
 	sub := NewSubscriber(SubscriberOptions{Cluster: self, Pool: testPool, DefaultMode: fleetv1alpha1.FederationEndpoint, Store: store,
-		Credentials: creds, Limits: DefaultLimits, Destinations: testDestinations, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Log: logr.Discard()})
+		Credentials: creds, Limits: DefaultLimits, Destinations: testDestinations, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		PingInterval: ping, Log: logr.Discard()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sub.Run(ctx, dir) }()

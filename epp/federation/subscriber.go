@@ -44,7 +44,10 @@ type SubscriberOptions struct {
 	// SourceAddress is the local IP subscriptions dial from; empty lets
 	// the system choose.
 	SourceAddress string
-	Log           logr.Logger
+	// PingInterval is how often the round trip to each peer is measured,
+	// on its subscription's connection; 0 measures nothing.
+	PingInterval time.Duration
+	Log          logr.Logger
 }
 
 // Subscriber keeps one subscription per peer of the pool that publishes
@@ -157,9 +160,10 @@ func samePeer(a, b fleetv1alpha1.Peer) bool {
 // follow subscribes to one peer until ctx ends, reconnecting with backoff.
 func (s *Subscriber) follow(ctx context.Context, p fleetv1alpha1.Peer, dest Destinations) {
 	log := s.opts.Log.WithValues("peer", p.Cluster, "address", p.FederationAddress)
-	origin := &Origin{Cluster: p.Cluster, Mode: p.Mode, Gateway: p.GatewayAddress}
+	origin := &Origin{Cluster: p.Cluster, Mode: p.Mode, Gateway: p.GatewayAddress, RoundTrip: &RoundTrip{}}
 	backoff := s.opts.MinBackoff
 	defer remoteEndpoints.DeleteLabelValues(p.Cluster)
+	defer peerRTT.DeleteLabelValues(p.Cluster)
 	for {
 		began := time.Now()
 		reason, err := s.stream(ctx, p, origin, dest)
@@ -218,10 +222,14 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 	// out gRPC's 20 s connect timeout, long after the path came back.
 	watchdog := time.AfterFunc(staleAfter, func() { cancel(errStale) })
 	defer watchdog.Stop()
+	client := federationv1.NewFederationClient(conn)
+	if s.opts.PingInterval > 0 {
+		go s.ping(ctx, client, origin, staleAfter)
+	}
 	c := &updateCodec{limits: s.opts.Limits, bytes: bytesTotal.WithLabelValues(p.Cluster, "received"),
 		updates: updatesTotal.WithLabelValues(p.Cluster, "received")}
 	c.messageRate, c.byteRate = s.opts.Limits.rateLimiters()
-	st, err := federationv1.NewFederationClient(conn).Subscribe(ctx,
+	st, err := client.Subscribe(ctx,
 		&federationv1.SubscribeRequest{PoolNamespace: s.opts.Pool.Namespace, PoolName: s.opts.Pool.Name, Cluster: s.opts.Cluster},
 		grpc.ForceCodecV2(c), grpc.MaxCallRecvMsgSize(s.opts.Limits.MaxMessageBytes))
 	if err != nil {
@@ -265,6 +273,34 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 			s.opts.Log.Info("Federation stream up", "peer", p.Cluster, "endpoints", len(state.byID))
 		}
 		held.Set(float64(len(state.byID)))
+	}
+}
+
+// ping measures the round trip to the peer every PingInterval until ctx
+// ends, on the subscription's connection: a unary call the publisher
+// answers at once, so the time is the link's round trip plus the two ends'
+// gRPC handling. A ping that fails is no sample: the stream's own watchdog
+// handles a dead peer. The first answer is no sample either: that call may
+// have waited for the connection's TCP and TLS handshakes.
+func (s *Subscriber) ping(ctx context.Context, client federationv1.FederationClient, origin *Origin, timeout time.Duration) {
+	gauge := peerRTT.WithLabelValues(origin.Cluster)
+	t := time.NewTicker(s.opts.PingInterval)
+	defer t.Stop()
+	answered := false
+	for {
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		began := time.Now()
+		_, err := client.Ping(pctx, &federationv1.PingRequest{})
+		cancel()
+		if err == nil && answered {
+			gauge.Set(origin.RoundTrip.Observe(time.Since(began)).Seconds())
+		}
+		answered = answered || err == nil
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

@@ -43,11 +43,15 @@ type Entry struct {
 	// read from them once, for a pick's scan.
 	metrics *fwkdl.Metrics
 	queue   int
+	running int
 	kv      float64
 }
 
 // Queue is the endpoint's waiting queue.
 func (e *Entry) Queue() int { return e.queue }
+
+// Running is the endpoint's running requests.
+func (e *Entry) Running() int { return e.running }
 
 // KVCacheUsage is the endpoint's KV-cache usage, a fraction.
 func (e *Entry) KVCacheUsage() float64 { return e.kv }
@@ -68,7 +72,7 @@ func NewView(origin *Origin, entries []Entry) *View {
 func (v *View) index() {
 	for i := range v.Entries {
 		e := &v.Entries[i]
-		e.queue, e.kv = e.metrics.WaitingQueueSize, e.metrics.KVCacheUsagePercent
+		e.queue, e.running, e.kv = e.metrics.WaitingQueueSize, e.metrics.RunningRequestsSize, e.metrics.KVCacheUsagePercent
 		if i == 0 || e.Updated.Before(v.oldest) {
 			v.oldest = e.Updated
 		}

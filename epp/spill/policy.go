@@ -1,12 +1,29 @@
 // Package spill is the EPP's spill policy: whether a request leaves its
-// cluster, and which local and remote endpoints are then its candidates.
+// cluster, and which remote endpoints are then its candidates.
 //
-// An endpoint has headroom while its metrics are fresh, its queue is below
-// QueueDepthThreshold and its KV cache below KVCacheUtilThreshold: the same
-// test as GIE's utilization-detector, whose defaults these are. A request
-// stays local while any local endpoint has headroom (Saturated); once none
-// has, the least loaded remote endpoints with headroom join (Remote) next to
-// the least loaded local ones (Local).
+// The policy estimates each endpoint's time to first token (TTFT) and sends
+// a request to another cluster only when a remote endpoint is expected to
+// answer sooner than the best local one by CrossMargin:
+//
+//	TTFT ≈ load / service rate + round trip
+//
+// where load is the endpoint's waiting and running requests (or this
+// picker's own requests in flight to it, when more: they may not show in
+// the last scrape yet), the service rate is the endpoint's measured
+// requests per second with a full batch (Meter; remote endpoints, which
+// serve the same model, take the local pods' measured rate, and ServiceRate
+// stands in until one is measured), and the round trip is the federation's
+// measurement to the endpoint's cluster (0 for local endpoints). Prefill is
+// the same for every endpoint without a prefix-cache summary, so it is left
+// out.
+//
+// The fixed thresholds are caps: a remote endpoint with a queue of
+// QueueDepthThreshold or more, a KV cache at least KVCacheUtilThreshold
+// full, or data older than RemoteMetricsStalenessThreshold is never a
+// candidate while local endpoints exist. Local endpoints whose metrics are
+// older than MetricsStalenessThreshold are not estimated (their load is
+// unknown); when no local endpoint has fresh metrics, the best remote ones
+// are candidates.
 //
 // The policy is made once, from the parameters of the cross-cluster-filter
 // plugin (package plugins/crosscluster), and shared: the EPP's candidate
@@ -31,6 +48,14 @@ import (
 // Params are the spill policy's parameters, as the cross-cluster-filter
 // plugin takes them in the EndpointPickerConfig.
 type Params struct {
+	// CrossMargin is how much sooner a remote endpoint must be expected to
+	// answer than the best local one for a request to cross: the estimate's
+	// error, which a crossing should not be a gamble on.
+	CrossMargin Duration `json:"crossMargin"`
+	// ServiceRate is a pod's requests per second with a full batch until
+	// one is measured.
+	ServiceRate float64 `json:"serviceRate"`
+	// QueueDepthThreshold and KVCacheUtilThreshold cap remote candidates.
 	QueueDepthThreshold  int     `json:"queueDepthThreshold"`
 	KVCacheUtilThreshold float64 `json:"kvCacheUtilThreshold"`
 	// MetricsStalenessThreshold applies to local endpoints.
@@ -39,35 +64,29 @@ type Params struct {
 	// data also crossed the federation (remote endpoints older than the
 	// federation's staleness bound are never candidates at all).
 	RemoteMetricsStalenessThreshold Duration `json:"remoteMetricsStalenessThreshold"`
-	// MaxRemoteCandidates bounds how many remote endpoints, the least loaded
-	// ones with headroom, join a spilled request's candidates. GIE copies
-	// and scores every candidate on every pick, so without a bound a fleet
-	// of thousands of pods would make each spilled pick that much slower.
+	// MaxRemoteCandidates bounds how many remote endpoints, those expected
+	// soonest, are a crossing request's candidates. GIE copies and scores
+	// every candidate on every pick, so without a bound a fleet of
+	// thousands of pods would make each crossing pick that much slower.
 	MaxRemoteCandidates int `json:"maxRemoteCandidates"`
-	// MaxLocalCandidatesOnSpill bounds how many local endpoints, the least
-	// loaded ones, stay candidates next to the remote ones when a request
-	// spills. None of them has headroom; the least loaded are the ones that
-	// can still win against a remote endpoint's network cost, and scoring
-	// every saturated local endpoint on every spilled pick would cost more
-	// than the spill itself.
-	MaxLocalCandidatesOnSpill int `json:"maxLocalCandidatesOnSpill"`
 }
 
 // DefaultParams are used for parameters left out.
 var DefaultParams = Params{
+	CrossMargin:                     Duration(20 * time.Millisecond),
+	ServiceRate:                     10,
 	QueueDepthThreshold:             5,
 	KVCacheUtilThreshold:            0.8,
 	MetricsStalenessThreshold:       Duration(200 * time.Millisecond),
 	RemoteMetricsStalenessThreshold: Duration(time.Second),
 	MaxRemoteCandidates:             16,
-	MaxLocalCandidatesOnSpill:       16,
 }
 
 // Validate checks the parameters.
 func (p Params) Validate() error {
-	if p.QueueDepthThreshold <= 0 || p.KVCacheUtilThreshold <= 0 || p.KVCacheUtilThreshold > 1 ||
-		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 || p.MaxRemoteCandidates <= 0 || p.MaxLocalCandidatesOnSpill <= 0 {
-		return errors.New("thresholds, maxRemoteCandidates and maxLocalCandidatesOnSpill must be positive and kvCacheUtilThreshold at most 1")
+	if p.CrossMargin < 0 || !(p.ServiceRate > 0) || p.QueueDepthThreshold <= 0 || p.KVCacheUtilThreshold <= 0 || p.KVCacheUtilThreshold > 1 ||
+		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 || p.MaxRemoteCandidates <= 0 {
+		return errors.New("serviceRate, thresholds and maxRemoteCandidates must be positive, crossMargin not negative and kvCacheUtilThreshold at most 1")
 	}
 	return nil
 }
@@ -94,8 +113,8 @@ type Endpoint interface {
 	federation.Attributes
 }
 
-// HasRoom reports whether ep has headroom now, judged by the staleness
-// threshold of a local or a remote endpoint.
+// HasRoom reports whether ep is within the caps now, judged by the
+// staleness threshold of a local or a remote endpoint.
 func (p *Policy) HasRoom(ep Endpoint) bool {
 	staleAfter := p.params.MetricsStalenessThreshold
 	if federation.OriginOf(ep) != nil {
@@ -104,105 +123,120 @@ func (p *Policy) HasRoom(ep Endpoint) bool {
 	return p.hasRoom(ep.GetMetrics(), p.now(), staleAfter)
 }
 
-// Saturated reports whether no local endpoint has headroom, that is whether
-// remote endpoints may join at all.
-func (p *Policy) Saturated(local []fwkdl.Endpoint) bool {
-	now := p.now()
-	for _, ep := range local {
-		if p.hasRoom(ep.GetMetrics(), now, p.params.MetricsStalenessThreshold) {
-			return false
-		}
-	}
-	return true
-}
-
-// Remote returns the remote endpoints that join the candidates of a request
-// whose local endpoints have no headroom (the caller checks Saturated
-// first): the least loaded remote endpoints with headroom, at most
-// MaxRemoteCandidates, or none when no remote endpoint has headroom; without
-// local endpoints, the least loaded remote endpoints whether they have
-// headroom or not. The candidate lookup calls it, so that remote endpoints
-// enter GIE's scheduling cycle, which copies and scores every candidate,
-// only when they can be picked.
+// Remote returns the remote endpoints that are a request's candidates
+// instead of the local ones, none when the request stays local: at most
+// MaxRemoteCandidates, those expected to answer soonest, each expected
+// sooner than the best local endpoint by CrossMargin and within the caps;
+// without local endpoints with fresh metrics, the remote endpoints expected
+// soonest whatever their load. The candidate lookup calls it, so that
+// remote endpoints enter GIE's scheduling cycle, which copies and scores
+// every candidate, only when they can be picked.
 //
-// Each peer's view is ordered by load, so only its front is read: once a
-// peer has given MaxRemoteCandidates endpoints with headroom, the rest of
-// it cannot rank higher, and past the queue threshold none has headroom.
-func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote) []fwkdl.Endpoint {
+// The remote endpoints are read only when some peer's round trip leaves
+// room to win against the best local estimate, and each peer's view is
+// ordered by queue, so only its front is read: up to the queue cap, and
+// until the queue alone puts an endpoint past the local estimate or the
+// candidates already found.
+func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Meter) []fwkdl.Endpoint {
+	now := p.now()
+	best := p.bestLocal(local, now, m)
+	if len(remote.Peers) == 0 || best <= p.minRTT(remote)+time.Duration(p.params.CrossMargin) {
+		return nil
+	}
+	capped := best != never
+	beat := best - time.Duration(p.params.CrossMargin)
+	poolRate := p.params.ServiceRate
+	if r, ok := m.PoolRate(); ok {
+		poolRate = r
+	}
+	roomSince := now.Add(-time.Duration(p.params.RemoteMetricsStalenessThreshold))
 	k := p.params.MaxRemoteCandidates
-	roomSince := p.now().Add(-time.Duration(p.params.RemoteMetricsStalenessThreshold))
-	best := make([]ranked[*federation.Entry], 0, k)
-	withRoom := false
-	// Equal loads rank in visiting order: start at a random peer, so that
-	// ties do not always go to the same cluster.
+	top := make([]ranked, 0, k)
+	// Equal estimates rank in visiting order: start at a random peer, so
+	// that ties do not always go to the same cluster.
 	n := len(remote.Peers)
 	start := randomStart(n)
 	for i := range n {
 		v := remote.Peers[(start+i)%n]
-		taken := 0
+		rtt := v.Origin.RTT()
 		for j := range v.Entries {
 			e := &v.Entries[j]
-			if len(local) > 0 && e.Queue() >= p.params.QueueDepthThreshold {
+			if capped && e.Queue() >= p.params.QueueDepthThreshold {
 				break
 			}
 			if e.Updated.Before(remote.Stale) {
 				continue
 			}
-			r := ranked[*federation.Entry]{v: e, queue: e.Queue(), kv: e.KVCacheUsage(),
-				ahead: !e.Updated.Before(roomSince) && e.Queue() < p.params.QueueDepthThreshold && e.KVCacheUsage() < p.params.KVCacheUtilThreshold}
-			if r.ahead {
-				withRoom = true
-			} else if len(local) > 0 {
+			if capped && (e.Updated.Before(roomSince) || e.KVCacheUsage() >= p.params.KVCacheUtilThreshold) {
 				continue
 			}
-			best = insertBounded(best, r)
-			if r.ahead {
-				if taken++; taken == k {
-					break
-				}
+			// The view is ordered by queue: once the queue alone puts an
+			// endpoint past the bar, so it does every later one.
+			floor := wait(e.Queue(), 0, nil, poolRate) + rtt
+			if (capped && floor >= beat) || (len(top) == k && floor >= top[k-1].est) {
+				break
 			}
+			est := wait(e.Queue(), e.Running(), m.lookup(e.Endpoint.GetMetadata().NamespacedName), poolRate) + rtt
+			if capped && est >= beat {
+				continue
+			}
+			top = insertBounded(top, ranked{e: e, est: est})
 		}
 	}
-	if len(best) == 0 || len(local) > 0 && !withRoom {
+	if len(top) == 0 {
 		return nil
 	}
-	entries := make([]*federation.Entry, len(best))
-	for i, r := range best {
-		entries[i] = r.v
+	entries := make([]*federation.Entry, len(top))
+	for i, r := range top {
+		entries[i] = r.e
 	}
 	return federation.AppendEndpoints(nil, entries)
 }
 
-// Local returns the local endpoints that stay candidates when a request
-// spills (Remote gave some): the MaxLocalCandidatesOnSpill least loaded, by
-// queue then KV-cache usage, those with fresh metrics first. None has
-// headroom (the caller checked Saturated), so the rest rank below these on
-// GIE's load scorers; what could still favour one of them is a prefix-cache
-// hit, which is worth little behind a queue past the threshold.
-func (p *Policy) Local(local []fwkdl.Endpoint) []fwkdl.Endpoint {
-	k := p.params.MaxLocalCandidatesOnSpill
-	if len(local) <= k {
-		return local
-	}
-	best := make([]ranked[fwkdl.Endpoint], 0, k)
-	// Saturated local endpoints often report equal loads: start at a random
-	// one, so that ties do not always keep the same endpoints.
-	now := p.now()
-	start := randomStart(len(local))
-	for i := range local {
-		ep := local[(start+i)%len(local)]
-		r := ranked[fwkdl.Endpoint]{v: ep, queue: math.MaxInt, kv: math.Inf(1)}
-		if m := ep.GetMetrics(); m != nil {
-			r.queue, r.kv = m.WaitingQueueSize, m.KVCacheUsagePercent
-			r.ahead = now.Sub(m.UpdateTime) <= time.Duration(p.params.MetricsStalenessThreshold)
+// never is the estimate of an endpoint whose load is unknown.
+const never = time.Duration(math.MaxInt64)
+
+// bestLocal is the soonest a local endpoint with fresh metrics is expected
+// to answer, never without one.
+func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter) time.Duration {
+	best := never
+	for _, ep := range local {
+		mt := ep.GetMetrics()
+		if mt == nil || now.Sub(mt.UpdateTime) > time.Duration(p.params.MetricsStalenessThreshold) {
+			continue
 		}
-		best = insertBounded(best, r)
+		pm := m.lookup(ep.GetMetadata().NamespacedName)
+		rate := p.params.ServiceRate
+		if pm != nil {
+			pm.sawRunning(mt.RunningRequestsSize)
+			if r, ok := pm.rate(); ok {
+				rate = r
+			}
+		}
+		best = min(best, wait(mt.WaitingQueueSize, mt.RunningRequestsSize, pm, rate))
 	}
-	out := make([]fwkdl.Endpoint, len(best))
-	for i, r := range best {
-		out[i] = r.v
+	return best
+}
+
+// minRTT is the shortest round trip to a peer: no remote endpoint is
+// expected sooner than that.
+func (p *Policy) minRTT(remote federation.Remote) time.Duration {
+	out := never
+	for _, v := range remote.Peers {
+		out = min(out, v.Origin.RTT())
 	}
 	return out
+}
+
+// wait is the expected wait at a pod with the given scraped queue and
+// running requests, this picker's requests in flight to it (pm, nil
+// without any) and service rate (requests/s).
+func wait(queue, running int, pm *podMeter, rate float64) time.Duration {
+	load := int64(queue + running)
+	if pm != nil {
+		load = max(load, pm.inflight.Load())
+	}
+	return time.Duration(min(float64(load)/rate*float64(time.Second), float64(never/2)))
 }
 
 // hasRoom is the headroom test.
@@ -218,44 +252,30 @@ func randomStart(n int) int {
 	return 0
 }
 
-// ranked orders endpoints by load: those ahead first (remote endpoints
-// with headroom, local endpoints with fresh metrics), then by queue, then by
-// KV-cache usage.
-type ranked[T any] struct {
-	v     T
-	ahead bool
-	queue int
-	kv    float64
+// ranked is a remote entry with its estimate.
+type ranked struct {
+	e   *federation.Entry
+	est time.Duration
 }
 
-func (a ranked[T]) less(b ranked[T]) bool {
-	if a.ahead != b.ahead {
-		return a.ahead
+// insertBounded inserts r into top, which is ordered by estimate and holds
+// at most cap(top) entries, after those that rank equal.
+func insertBounded(top []ranked, r ranked) []ranked {
+	if len(top) == cap(top) && r.est >= top[len(top)-1].est {
+		return top
 	}
-	if a.queue != b.queue {
-		return a.queue < b.queue
-	}
-	return a.kv < b.kv
-}
-
-// insertBounded inserts r into best, which is ordered and holds at most
-// cap(best) endpoints, after those that rank equal.
-func insertBounded[T any](best []ranked[T], r ranked[T]) []ranked[T] {
-	if len(best) == cap(best) && !r.less(best[len(best)-1]) {
-		return best
-	}
-	i, _ := slices.BinarySearchFunc(best, r, func(a, b ranked[T]) int {
-		if a.less(b) {
+	i, _ := slices.BinarySearchFunc(top, r, func(a, b ranked) int {
+		if a.est < b.est {
 			return -1
 		}
 		return 1
 	})
-	if len(best) < cap(best) {
-		best = append(best, ranked[T]{})
+	if len(top) < cap(top) {
+		top = append(top, ranked{})
 	}
-	copy(best[i+1:], best[i:len(best)-1])
-	best[i] = r
-	return best
+	copy(top[i+1:], top[i:len(top)-1])
+	top[i] = r
+	return top
 }
 
 // Duration is a time.Duration written as a Go duration string ("200ms") in

@@ -3,7 +3,6 @@ package spill
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -63,39 +62,16 @@ func TestHeadroomIsFreshMetricsBelowBothThresholds(t *testing.T) {
 			}
 		})
 	}
-	local := func(eps ...fwksched.Endpoint) []fwkdl.Endpoint {
-		out := make([]fwkdl.Endpoint, len(eps))
-		for i, e := range eps {
-			out[i] = fwkdl.NewEndpoint(e.GetMetadata(), e.GetMetrics())
-		}
-		return out
-	}
-	for _, tc := range []struct {
-		name  string
-		local []fwkdl.Endpoint
-		want  bool
-	}{
-		{"one local endpoint with headroom keeps requests local", local(ep(9, 0, fresh, false), ep(1, 0, fresh, false)), false},
-		{"saturated by queue", local(ep(5, 0, fresh, false), ep(9, 0, fresh, false)), true},
-		{"saturated by KV cache", local(ep(0, 0.9, fresh, false)), true},
-		{"stale local metrics count as saturated", local(ep(0, 0, stale, false)), true},
-		{"no local endpoints", nil, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := p.Saturated(tc.local); got != tc.want {
-				t.Fatalf("Saturated = %v, want %v", got, tc.want)
-			}
-		})
-	}
 }
 
 func TestNewRefusesInvalidParameters(t *testing.T) {
 	for name, edit := range map[string]func(*Params){
-		"negative queue threshold":     func(p *Params) { p.QueueDepthThreshold = -1 },
-		"KV threshold above 1":         func(p *Params) { p.KVCacheUtilThreshold = 80 },
-		"no staleness threshold":       func(p *Params) { p.MetricsStalenessThreshold = 0 },
-		"no remote candidates":         func(p *Params) { p.MaxRemoteCandidates = 0 },
-		"no local candidates on spill": func(p *Params) { p.MaxLocalCandidatesOnSpill = 0 },
+		"negative queue threshold": func(p *Params) { p.QueueDepthThreshold = -1 },
+		"KV threshold above 1":     func(p *Params) { p.KVCacheUtilThreshold = 80 },
+		"no staleness threshold":   func(p *Params) { p.MetricsStalenessThreshold = 0 },
+		"no remote candidates":     func(p *Params) { p.MaxRemoteCandidates = 0 },
+		"negative margin":          func(p *Params) { p.CrossMargin = -1 },
+		"no service rate":          func(p *Params) { p.ServiceRate = 0 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := DefaultParams
@@ -107,112 +83,155 @@ func TestNewRefusesInvalidParameters(t *testing.T) {
 	}
 }
 
-func TestRemoteIsTheLeastLoadedFewAndOnlyOnSpill(t *testing.T) {
-	dl := func(name string, waiting int, kv float64) *fwkdl.ModelServer {
+// The estimate: wait = load / service rate, plus the round trip for a
+// remote endpoint; a request crosses only to remote endpoints expected
+// sooner than the best local one by the margin (20 ms by default), within
+// the caps. The default service rate is 10 requests/s.
+func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
+	type pod struct {
+		name             string
+		waiting, running int
+		age              time.Duration
+	}
+	fresh, stale := 10*time.Millisecond, 1500*time.Millisecond
+	addr := func(name string) types.NamespacedName { return types.NamespacedName{Name: name} }
+	endpoint := func(p pod) *fwkdl.ModelServer {
 		m := fwkdl.NewMetrics()
-		m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now.Add(-time.Minute)
-		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}}, m)
+		m.WaitingQueueSize, m.RunningRequestsSize, m.UpdateTime = p.waiting, p.running, now.Add(-p.age)
+		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: addr(p.name)}, m)
 	}
-	// view builds a peer's view; each endpoint's data is vouched for age ago.
-	view := func(cluster string, eps map[*fwkdl.ModelServer]time.Duration) *federation.View {
+	peer := func(cluster string, rtt time.Duration, pods ...pod) *federation.View {
+		o := &federation.Origin{Cluster: cluster, RoundTrip: &federation.RoundTrip{}}
+		o.RoundTrip.Observe(rtt)
 		var entries []federation.Entry
-		for ep, age := range eps {
-			entries = append(entries, federation.Entry{Endpoint: ep, Updated: now.Add(-age)})
+		for _, p := range pods {
+			entries = append(entries, federation.Entry{Endpoint: endpoint(p), Updated: now.Add(-p.age)})
 		}
-		return federation.NewView(&federation.Origin{Cluster: cluster}, entries)
+		return federation.NewView(o, entries)
 	}
-	fresh := 10 * time.Millisecond
-	west := view("w", map[*fwkdl.ModelServer]time.Duration{dl("w-busy", 9, 0): fresh, dl("w-q2", 2, 0.1): fresh,
-		dl("w-q0-kv5", 0, 0.5): fresh, dl("w-q0-kv1", 0, 0.1): fresh, dl("w-q1", 1, 0): fresh})
-	east := view("e", map[*fwkdl.ModelServer]time.Duration{dl("e-q0-kv0", 0, 0): fresh, dl("e-q0-kv9", 0, 0.9): fresh,
-		dl("e-stale-q0", 0, 0): 3 * time.Second, dl("e-old-q0", 0, 0): 1500 * time.Millisecond, dl("e-busy", 8, 0): fresh})
-	remote := federation.Remote{Peers: []*federation.View{west, east}, Stale: now.Add(-2 * time.Second)}
-	tests := []struct {
-		name   string
-		local  []fwkdl.Endpoint
-		remote federation.Remote
-		want   string
+	// measured is a meter that timed requests of took at each named local
+	// pod running slots at once: a service rate of slots/took.
+	measured := func(slots int, took time.Duration, names ...string) func() *Meter {
+		return func() *Meter {
+			m := NewMeter()
+			for _, n := range names {
+				m.Started(addr(n))
+				m.pod(addr(n)).sawRunning(slots)
+				m.Finished(addr(n), took)
+			}
+			return m
+		}
+	}
+	inFlight := func(n int, name string) func() *Meter {
+		return func() *Meter {
+			m := NewMeter()
+			for range n {
+				m.Started(addr(name))
+			}
+			return m
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  func(*Params)
+		meter func() *Meter
+		local []pod
+		peers []*federation.View
+		want  string
 	}{
-		{"least loaded with headroom across peers, bounded", []fwkdl.Endpoint{dl("l", 7, 0)}, remote, "e-q0-kv0,w-q0-kv1,w-q0-kv5"},
-		{"one peer", []fwkdl.Endpoint{dl("l", 7, 0)}, federation.Remote{Peers: []*federation.View{west}, Stale: remote.Stale},
-			"w-q0-kv1,w-q0-kv5,w-q1"},
-		{"none when no remote endpoint has headroom", []fwkdl.Endpoint{dl("l", 7, 0)},
-			federation.Remote{Peers: []*federation.View{view("e", map[*fwkdl.ModelServer]time.Duration{
-				dl("e-busy", 8, 0): fresh, dl("e-full", 0, 0.95): fresh, dl("e-old", 0, 0): 1500 * time.Millisecond})}, Stale: remote.Stale}, ""},
-		{"without local endpoints, least loaded whether with headroom or not", nil,
-			federation.Remote{Peers: []*federation.View{view("e", map[*fwkdl.ModelServer]time.Duration{
-				dl("e-busy", 8, 0): fresh, dl("e-full", 0, 0.95): fresh, dl("e-old", 0, 0): 1500 * time.Millisecond,
-				dl("e-stale", 0, 0): 3 * time.Second})}, Stale: remote.Stale}, "e-busy,e-full,e-old"},
-		{"no peers", []fwkdl.Endpoint{dl("l", 7, 0)}, federation.Remote{Stale: remote.Stale}, ""},
-	}
-	policy := testPolicy(t, func(p *Params) { p.MaxRemoteCandidates = 3 })
-	for _, tc := range tests {
+		{name: "an idle local endpoint keeps the request", local: []pod{{"l", 0, 0, fresh}, {"l-busy", 9, 4, fresh}},
+			peers: []*federation.View{peer("w", 0, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "remote endpoints expected sooner, round trip included, soonest first",
+			local: []pod{{"l", 1, 2, fresh}}, // 300 ms
+			peers: []*federation.View{peer("w", 150*time.Millisecond, pod{"w", 0, 0, fresh}, pod{"w1", 1, 0, fresh}), // 150, 250
+				peer("e", 30*time.Millisecond, pod{"e", 0, 2, fresh}, pod{"e-slow", 3, 2, fresh})}, // 230, 530
+			want: "w,e,w1"},
+		{name: "a link slower than the local wait keeps the request", local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+			peers: []*federation.View{peer("w", 190*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "without a margin the same link wins", edit: func(p *Params) { p.CrossMargin = 0 },
+			local: []pod{{"l", 0, 2, fresh}}, peers: []*federation.View{peer("w", 190*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
+		{name: "the queue cap holds even when the remote endpoint is expected sooner", local: []pod{{"l", 40, 4, fresh}},
+			peers: []*federation.View{peer("w", 0, pod{"w-q5", 5, 0, fresh}, pod{"w-q9", 9, 0, fresh})}, want: ""},
+		{name: "remote data older than the remote staleness threshold is no candidate", local: []pod{{"l", 9, 4, fresh}},
+			peers: []*federation.View{peer("w", 0, pod{"w-old", 0, 0, stale}, pod{"w", 1, 0, fresh})}, want: "w"},
+		{name: "a local pod's measured rate: 4 running in 100 ms is 40/s, so a load of 4 waits 100 ms",
+			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 0, 4, fresh}},
+			peers: []*federation.View{peer("w", 90*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "unmeasured, the same pod waits 400 ms at the default rate",
+			local: []pod{{"l", 0, 4, fresh}}, peers: []*federation.View{peer("w", 90*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
+		{name: "remote pods take the local pods' measured rate",
+			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 4, 4, fresh}}, // 200 ms
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 4, fresh})}, want: "w"}, // 130 ms, 430 at 10/s
+		{name: "this picker's requests in flight count when the scrape shows fewer",
+			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 400 ms
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""}, // 530 ms
+		{name: "stale local metrics: the remote endpoints expected soonest, whatever their load",
+			local: []pod{{"l", 0, 0, time.Minute}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh})}, want: "w-q9"},
+		{name: "no local endpoints: the same",
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh}, pod{"w-q7", 7, 0, fresh})}, want: "w-q7,w-q9"},
+		{name: "no peers", local: []pod{{"l", 9, 4, fresh}}, want: ""},
+		{name: "a longer queue with fewer running still ranks by its estimate", edit: func(p *Params) { p.MaxRemoteCandidates = 1; p.QueueDepthThreshold = 5 },
+			local: []pod{{"l", 9, 4, fresh}},                                                                                    // 1.3 s
+			peers: []*federation.View{peer("w", 0, pod{"w-q0-r4", 0, 4, fresh}, pod{"w-q1-r0", 1, 0, fresh})}, want: "w-q1-r0"}, // 400 and 100 ms
+	} {
 		t.Run(tc.name, func(t *testing.T) {
+			policy := testPolicy(t, tc.edit)
+			var local []fwkdl.Endpoint
+			for _, p := range tc.local {
+				local = append(local, endpoint(p))
+			}
+			var m *Meter
+			if tc.meter != nil {
+				m = tc.meter()
+			}
 			// The peers are visited from a random one; the result must not
 			// depend on it.
 			for range 20 {
 				var got []string
-				for _, e := range policy.Remote(tc.local, tc.remote) {
-					if e.GetMetrics().UpdateTime.Before(now.Add(-2 * time.Second)) {
-						t.Fatalf("%s dated %v: stale", e.GetMetadata().NamespacedName.Name, e.GetMetrics().UpdateTime)
-					}
+				for _, e := range policy.Remote(local, federation.Remote{Peers: tc.peers, Stale: now.Add(-2 * time.Second)}, m) {
 					got = append(got, e.GetMetadata().NamespacedName.Name)
 				}
-				slices.Sort(got)
 				if strings.Join(got, ",") != tc.want {
-					t.Fatalf("admitted %v, want %s", got, tc.want)
+					t.Fatalf("candidates %v, want %q", got, tc.want)
 				}
 			}
 		})
 	}
 }
 
-func TestLocalOnSpillIsTheLeastLoadedFew(t *testing.T) {
-	dl := func(name string, waiting int, kv float64) fwkdl.Endpoint {
-		m := fwkdl.NewMetrics()
-		m.WaitingQueueSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, kv, now
-		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}}, m)
+func TestMeterCountsInFlightAndTimesCompletedRequestsOnly(t *testing.T) {
+	a := types.NamespacedName{Name: "a"}
+	m := NewMeter()
+	m.Started(a)
+	m.Started(a)
+	m.Finished(a, 0) // did not complete: no sample
+	if p := m.lookup(a); p.inflight.Load() != 1 || p.service.Load() != 0 {
+		t.Fatalf("in flight %d, service %v; want 1 and none", p.inflight.Load(), p.service.Load())
 	}
-	noMetrics := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: "unscraped"}}, nil)
-	policy := testPolicy(t, func(p *Params) { p.MaxLocalCandidatesOnSpill = 3 })
-	for _, tc := range []struct {
-		name  string
-		local []fwkdl.Endpoint
-		want  string
-	}{
-		{"queue first, then KV cache", []fwkdl.Endpoint{dl("q9", 9, 0), dl("q6-kv9", 6, 0.9), dl("q6-kv1", 6, 0.1),
-			dl("q5-kv95", 5, 0.95), dl("q7", 7, 0)}, "q5-kv95,q6-kv1,q6-kv9"},
-		{"endpoints never scraped last", []fwkdl.Endpoint{noMetrics, dl("q9", 9, 0), dl("q8", 8, 0), dl("q7", 7, 0)}, "q7,q8,q9"},
-		{"all of them when within the bound", []fwkdl.Endpoint{dl("q9", 9, 0), noMetrics}, "q9,unscraped"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for range 20 {
-				var got []string
-				for _, e := range policy.Local(tc.local) {
-					got = append(got, e.GetMetadata().NamespacedName.Name)
-				}
-				slices.Sort(got)
-				if strings.Join(got, ",") != tc.want {
-					t.Fatalf("kept %v, want %s", got, tc.want)
-				}
-			}
-		})
+	if _, ok := m.PoolRate(); ok {
+		t.Fatal("pool rate without a sample")
 	}
-	t.Run("equal loads do not always keep the same endpoints", func(t *testing.T) {
-		var local []fwkdl.Endpoint
-		for i := range 10 {
-			local = append(local, dl(fmt.Sprint("q6-", i), 6, 0.5))
-		}
-		kept := map[string]bool{}
-		for range 50 {
-			for _, e := range policy.Local(local) {
-				kept[e.GetMetadata().NamespacedName.Name] = true
-			}
-		}
-		if len(kept) < 6 {
-			t.Fatalf("50 spills kept only %d of 10 equally loaded endpoints", len(kept))
-		}
-	})
+	m.pod(a).sawRunning(4)
+	m.pod(a).sawRunning(2)
+	m.Finished(a, 200*time.Millisecond)
+	if r, ok := m.lookup(a).rate(); !ok || r != 20 {
+		t.Fatalf("rate %v, want 4 running over 200 ms = 20/s", r)
+	}
+	if r, _ := m.PoolRate(); r != 20 {
+		t.Fatalf("pool rate %v, want 20", r)
+	}
+	// Each sample moves the service time a fifth of the way.
+	m.Started(a)
+	m.Finished(a, 700*time.Millisecond)
+	if got := time.Duration(m.lookup(a).service.Load()); got != 300*time.Millisecond {
+		t.Fatalf("service time %v, want 300ms", got)
+	}
+	var nilMeter *Meter
+	nilMeter.Started(a)
+	nilMeter.Finished(a, time.Second)
+	if nilMeter.lookup(a) != nil {
+		t.Fatal("a nil meter measured")
+	}
 }
 
 func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
@@ -222,7 +241,7 @@ func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
 	ep.GetAttributes().Put(federation.OriginAttribute, &federation.Origin{Cluster: "w"})
 	v := federation.NewView(&federation.Origin{Cluster: "w"}, []federation.Entry{{Endpoint: ep, Updated: now.Add(-20 * time.Millisecond)}})
 	policy := testPolicy(t, nil)
-	got := policy.Remote(nil, federation.Remote{Peers: []*federation.View{v}, Stale: now.Add(-2 * time.Second)})
+	got := policy.Remote(nil, federation.Remote{Peers: []*federation.View{v}, Stale: now.Add(-2 * time.Second)}, nil)
 	if len(got) != 1 || !got[0].GetMetrics().UpdateTime.Equal(now.Add(-20*time.Millisecond)) {
 		t.Fatalf("got %v", got)
 	}
@@ -231,8 +250,8 @@ func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
 	}
 }
 
-// BenchmarkRemote picks the 16 least loaded of 10 peers × 90
-// endpoints, as a spilled pick does.
+// BenchmarkRemote picks the 16 remote endpoints expected soonest of 10
+// peers × 90 endpoints, as a crossing pick does.
 func BenchmarkRemote(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	remote := federation.Remote{Stale: now.Add(-2 * time.Second)}
@@ -249,7 +268,7 @@ func BenchmarkRemote(b *testing.B) {
 	policy := testPolicy(b, nil)
 	b.ReportAllocs()
 	for b.Loop() {
-		if len(policy.Remote(local, remote)) != 16 {
+		if len(policy.Remote(local, remote, nil)) != 16 {
 			b.Fatal("not 16")
 		}
 	}

@@ -559,6 +559,78 @@ func (x *CacheConfig) GetMaxTokenCapacity() uint64 {
 	return 0
 }
 
+type PingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PingRequest) Reset() {
+	*x = PingRequest{}
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PingRequest) ProtoMessage() {}
+
+func (x *PingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
+func (*PingRequest) Descriptor() ([]byte, []int) {
+	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{7}
+}
+
+type PingReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PingReply) Reset() {
+	*x = PingReply{}
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PingReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PingReply) ProtoMessage() {}
+
+func (x *PingReply) ProtoReflect() protoreflect.Message {
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PingReply.ProtoReflect.Descriptor instead.
+func (*PingReply) Descriptor() ([]byte, []int) {
+	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{8}
+}
+
 var File_epp_federation_v1_federation_proto protoreflect.FileDescriptor
 
 const file_epp_federation_v1_federation_proto_rawDesc = "" +
@@ -610,10 +682,13 @@ const file_epp_federation_v1_federation_proto_rawDesc = "" +
 	"\n" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x12$\n" +
 	"\x0enum_gpu_blocks\x18\x02 \x01(\rR\fnumGpuBlocks\x12,\n" +
-	"\x12max_token_capacity\x18\x03 \x01(\x04R\x10maxTokenCapacity2i\n" +
+	"\x12max_token_capacity\x18\x03 \x01(\x04R\x10maxTokenCapacity\"\r\n" +
+	"\vPingRequest\"\v\n" +
+	"\tPingReply2\xbd\x01\n" +
 	"\n" +
 	"Federation\x12[\n" +
-	"\tSubscribe\x12*.fleetinfer.federation.v1.SubscribeRequest\x1a .fleetinfer.federation.v1.Update0\x01BAZ?github.com/fleetinfer/fleetinfer/epp/federation/v1;federationv1b\x06proto3"
+	"\tSubscribe\x12*.fleetinfer.federation.v1.SubscribeRequest\x1a .fleetinfer.federation.v1.Update0\x01\x12R\n" +
+	"\x04Ping\x12%.fleetinfer.federation.v1.PingRequest\x1a#.fleetinfer.federation.v1.PingReplyBAZ?github.com/fleetinfer/fleetinfer/epp/federation/v1;federationv1b\x06proto3"
 
 var (
 	file_epp_federation_v1_federation_proto_rawDescOnce sync.Once
@@ -627,7 +702,7 @@ func file_epp_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_epp_federation_v1_federation_proto_rawDescData
 }
 
-var file_epp_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_epp_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_epp_federation_v1_federation_proto_goTypes = []any{
 	(*SubscribeRequest)(nil), // 0: fleetinfer.federation.v1.SubscribeRequest
 	(*Update)(nil),           // 1: fleetinfer.federation.v1.Update
@@ -636,26 +711,30 @@ var file_epp_federation_v1_federation_proto_goTypes = []any{
 	(*EndpointMetrics)(nil),  // 4: fleetinfer.federation.v1.EndpointMetrics
 	(*LoRAState)(nil),        // 5: fleetinfer.federation.v1.LoRAState
 	(*CacheConfig)(nil),      // 6: fleetinfer.federation.v1.CacheConfig
-	nil,                      // 7: fleetinfer.federation.v1.EndpointSpec.LabelsEntry
-	nil,                      // 8: fleetinfer.federation.v1.LoRAState.RunningEntry
-	nil,                      // 9: fleetinfer.federation.v1.LoRAState.WaitingEntry
+	(*PingRequest)(nil),      // 7: fleetinfer.federation.v1.PingRequest
+	(*PingReply)(nil),        // 8: fleetinfer.federation.v1.PingReply
+	nil,                      // 9: fleetinfer.federation.v1.EndpointSpec.LabelsEntry
+	nil,                      // 10: fleetinfer.federation.v1.LoRAState.RunningEntry
+	nil,                      // 11: fleetinfer.federation.v1.LoRAState.WaitingEntry
 }
 var file_epp_federation_v1_federation_proto_depIdxs = []int32{
-	2, // 0: fleetinfer.federation.v1.Update.upserts:type_name -> fleetinfer.federation.v1.Endpoint
-	3, // 1: fleetinfer.federation.v1.Endpoint.spec:type_name -> fleetinfer.federation.v1.EndpointSpec
-	4, // 2: fleetinfer.federation.v1.Endpoint.metrics:type_name -> fleetinfer.federation.v1.EndpointMetrics
-	7, // 3: fleetinfer.federation.v1.EndpointSpec.labels:type_name -> fleetinfer.federation.v1.EndpointSpec.LabelsEntry
-	5, // 4: fleetinfer.federation.v1.EndpointMetrics.lora:type_name -> fleetinfer.federation.v1.LoRAState
-	6, // 5: fleetinfer.federation.v1.EndpointMetrics.cache:type_name -> fleetinfer.federation.v1.CacheConfig
-	8, // 6: fleetinfer.federation.v1.LoRAState.running:type_name -> fleetinfer.federation.v1.LoRAState.RunningEntry
-	9, // 7: fleetinfer.federation.v1.LoRAState.waiting:type_name -> fleetinfer.federation.v1.LoRAState.WaitingEntry
-	0, // 8: fleetinfer.federation.v1.Federation.Subscribe:input_type -> fleetinfer.federation.v1.SubscribeRequest
-	1, // 9: fleetinfer.federation.v1.Federation.Subscribe:output_type -> fleetinfer.federation.v1.Update
-	9, // [9:10] is the sub-list for method output_type
-	8, // [8:9] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	2,  // 0: fleetinfer.federation.v1.Update.upserts:type_name -> fleetinfer.federation.v1.Endpoint
+	3,  // 1: fleetinfer.federation.v1.Endpoint.spec:type_name -> fleetinfer.federation.v1.EndpointSpec
+	4,  // 2: fleetinfer.federation.v1.Endpoint.metrics:type_name -> fleetinfer.federation.v1.EndpointMetrics
+	9,  // 3: fleetinfer.federation.v1.EndpointSpec.labels:type_name -> fleetinfer.federation.v1.EndpointSpec.LabelsEntry
+	5,  // 4: fleetinfer.federation.v1.EndpointMetrics.lora:type_name -> fleetinfer.federation.v1.LoRAState
+	6,  // 5: fleetinfer.federation.v1.EndpointMetrics.cache:type_name -> fleetinfer.federation.v1.CacheConfig
+	10, // 6: fleetinfer.federation.v1.LoRAState.running:type_name -> fleetinfer.federation.v1.LoRAState.RunningEntry
+	11, // 7: fleetinfer.federation.v1.LoRAState.waiting:type_name -> fleetinfer.federation.v1.LoRAState.WaitingEntry
+	0,  // 8: fleetinfer.federation.v1.Federation.Subscribe:input_type -> fleetinfer.federation.v1.SubscribeRequest
+	7,  // 9: fleetinfer.federation.v1.Federation.Ping:input_type -> fleetinfer.federation.v1.PingRequest
+	1,  // 10: fleetinfer.federation.v1.Federation.Subscribe:output_type -> fleetinfer.federation.v1.Update
+	8,  // 11: fleetinfer.federation.v1.Federation.Ping:output_type -> fleetinfer.federation.v1.PingReply
+	10, // [10:12] is the sub-list for method output_type
+	8,  // [8:10] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_epp_federation_v1_federation_proto_init() }
@@ -669,7 +748,7 @@ func file_epp_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_epp_federation_v1_federation_proto_rawDesc), len(file_epp_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

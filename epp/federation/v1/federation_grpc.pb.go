@@ -29,6 +29,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Federation_Subscribe_FullMethodName = "/fleetinfer.federation.v1.Federation/Subscribe"
+	Federation_Ping_FullMethodName      = "/fleetinfer.federation.v1.Federation/Ping"
 )
 
 // FederationClient is the client API for Federation service.
@@ -41,6 +42,9 @@ type FederationClient interface {
 	// RESOURCE_EXHAUSTED when the subscriber falls too far behind (it should
 	// resubscribe and receive a fresh snapshot).
 	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Update], error)
+	// Ping answers at once: a subscriber times it, on its subscription's
+	// connection, to measure the round trip to the publisher's cluster.
+	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingReply, error)
 }
 
 type federationClient struct {
@@ -70,6 +74,16 @@ func (c *federationClient) Subscribe(ctx context.Context, in *SubscribeRequest, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Federation_SubscribeClient = grpc.ServerStreamingClient[Update]
 
+func (c *federationClient) Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PingReply)
+	err := c.cc.Invoke(ctx, Federation_Ping_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FederationServer is the server API for Federation service.
 // All implementations must embed UnimplementedFederationServer
 // for forward compatibility.
@@ -80,6 +94,9 @@ type FederationServer interface {
 	// RESOURCE_EXHAUSTED when the subscriber falls too far behind (it should
 	// resubscribe and receive a fresh snapshot).
 	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[Update]) error
+	// Ping answers at once: a subscriber times it, on its subscription's
+	// connection, to measure the round trip to the publisher's cluster.
+	Ping(context.Context, *PingRequest) (*PingReply, error)
 	mustEmbedUnimplementedFederationServer()
 }
 
@@ -92,6 +109,9 @@ type UnimplementedFederationServer struct{}
 
 func (UnimplementedFederationServer) Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[Update]) error {
 	return status.Error(codes.Unimplemented, "method Subscribe not implemented")
+}
+func (UnimplementedFederationServer) Ping(context.Context, *PingRequest) (*PingReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Ping not implemented")
 }
 func (UnimplementedFederationServer) mustEmbedUnimplementedFederationServer() {}
 func (UnimplementedFederationServer) testEmbeddedByValue()                    {}
@@ -125,13 +145,36 @@ func _Federation_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Federation_SubscribeServer = grpc.ServerStreamingServer[Update]
 
+func _Federation_Ping_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationServer).Ping(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Federation_Ping_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationServer).Ping(ctx, req.(*PingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Federation_ServiceDesc is the grpc.ServiceDesc for Federation service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var Federation_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "fleetinfer.federation.v1.Federation",
 	HandlerType: (*FederationServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Ping",
+			Handler:    _Federation_Ping_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Subscribe",

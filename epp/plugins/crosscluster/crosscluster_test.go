@@ -117,8 +117,8 @@ func TestFactoriesRefuseInvalidParameters(t *testing.T) {
 			_, err := NewFilterFactory(nil)("f", json.RawMessage(`{"metricsStalenessThreshold": 200}`), nil)
 			return err
 		}},
-		{"filter: no local candidates on spill", func() error {
-			_, err := NewFilterFactory(nil)("f", json.RawMessage(`{"maxLocalCandidatesOnSpill": 0}`), nil)
+		{"filter: negative margin", func() error {
+			_, err := NewFilterFactory(nil)("f", json.RawMessage(`{"crossMargin": "-1ms"}`), nil)
 			return err
 		}},
 		{"scorer: cost above 1", func() error {

@@ -5,7 +5,7 @@
 //
 //	plugins:
 //	- type: cross-cluster-filter
-//	  parameters: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, maxRemoteCandidates: 16, maxLocalCandidatesOnSpill: 16}
+//	  parameters: {crossMargin: 20ms, serviceRate: 10, queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, maxRemoteCandidates: 16}
 //	- type: cross-cluster-scorer
 //	  parameters: {networkCost: 0.5, clusterCosts: {west: 0.3}}
 //	schedulingProfiles:
@@ -35,12 +35,12 @@ const FilterType = "cross-cluster-filter"
 
 // Filter is the spill policy's plugin. The EPP's candidate lookup decides
 // with the same policy, before scheduling, whether a request spills and
-// which endpoints are then its candidates: the local ones alone while any
-// has headroom, else the least loaded few local ones and the least loaded
-// few remote ones with headroom (or, without local endpoints, the least
-// loaded remote ones). The filter trims what it is given to that decision's
-// shape at scheduling time: remote endpoints without headroom (by then) are
-// dropped, unless nothing else would remain. (With flow control on, GIE
+// which endpoints are then its candidates: the local ones, or the few remote
+// ones expected to answer sooner by the policy's margin and within its caps
+// (or, without local endpoints with fresh metrics, the remote ones expected
+// soonest). The filter trims what it is given to the caps at scheduling
+// time: remote endpoints past them (by then) are dropped, unless nothing
+// else would remain. (With flow control on, GIE
 // caches the lookup's candidates for up to 50 ms, and a spill decided stands
 // that long.)
 type Filter struct {

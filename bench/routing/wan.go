@@ -1,0 +1,267 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
+)
+
+// simPrefillPerToken is the simulators' prefill time per prompt token not
+// in their prefix cache (simLatency's --prefill-time-per-token).
+const simPrefillPerToken = 400 * time.Microsecond
+
+// wanSetup is the network the benchmark ran on, for routing.json.
+type wanSetup struct {
+	PodNetwork string    `json:"pod_network"`
+	Mode       string    `json:"federation_mode"`
+	Links      []wanLink `json:"links"`
+}
+
+type wanLink struct {
+	A        string  `json:"a"`
+	B        string  `json:"b"`
+	RTTMs    float64 `json:"rtt_ms"`
+	JitterMs float64 `json:"jitter_ms"`
+}
+
+func wanOf(fl *fleet.Fleet) (*wanSetup, error) {
+	w := &wanSetup{PodNetwork: string(fl.PodNetwork()), Mode: "Parent"}
+	for i, a := range fl.Spokes {
+		for _, b := range fl.Spokes[i+1:] {
+			l, err := fl.Fabric().Link(a.Name(), b.Name())
+			if err != nil {
+				return nil, err
+			}
+			w.Links = append(w.Links, wanLink{A: a.Name(), B: b.Name(), RTTMs: ms(l.RTT), JitterMs: ms(l.Jitter)})
+		}
+	}
+	return w, nil
+}
+
+// rtt is the current round trip between clusters a and b (0 for a cluster
+// to itself).
+func (d *deployment) rtt(a, b int) time.Duration {
+	l, err := d.fl.Fabric().Link(d.fl.Spokes[a].Name(), d.fl.Spokes[b].Name())
+	if err != nil {
+		return 0
+	}
+	return l.RTT
+}
+
+// setSlowLink gives the scenario's slowing link its starting round trip,
+// and returns what puts the link back as it was.
+func (d *deployment) setSlowLink(sc scenario) (restore func() error, err error) {
+	sl := sc.SlowLink
+	if sl == nil {
+		return func() error { return nil }, nil
+	}
+	a, b := d.fl.Spokes[sl.A].Name(), d.fl.Spokes[sl.B].Name()
+	orig, err := d.fl.Fabric().Link(a, b)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.setRTT(sl, sl.From); err != nil {
+		return nil, err
+	}
+	return func() error { return d.fl.Fabric().SetLink(a, b, orig) }, nil
+}
+
+func (d *deployment) setRTT(sl *slowLink, rtt time.Duration) error {
+	a, b := d.fl.Spokes[sl.A].Name(), d.fl.Spokes[sl.B].Name()
+	return d.fl.Fabric().SetLink(a, b, wan.Link{RTT: rtt, Jitter: rtt / 20, Bandwidth: wan.DefaultBandwidth})
+}
+
+// halfway is what happens to the fleet halfway through a run of sc, nil
+// when nothing does: a cluster is lost (router r learns it at once, as
+// only the oracle can) or a link slows.
+func (d *deployment) halfway(ctx context.Context, sc scenario, r router) func() error {
+	switch {
+	case sc.Lost >= 0:
+		return func() error {
+			r.lose(sc.Lost)
+			return d.lose(ctx, sc.Lost)
+		}
+	case sc.SlowLink != nil:
+		return func() error { return d.setRTT(sc.SlowLink, sc.SlowLink.To) }
+	}
+	return nil
+}
+
+// warmPrefixes caches each of the scenario's prefixes (policy pol's words)
+// in its home cluster, prefix p in cluster p mod 3, the way earlier traffic
+// there would have: two requests through the home gateway, picked by the
+// policy's own pickers, or, for the oracle, one straight to each of the
+// home cluster's pods, which the oracle records.
+func (d *deployment) warmPrefixes(ctx context.Context, sc scenario, pol string, r router) error {
+	c := newLoadClient(1, 30*time.Second, d.podCluster, nil)
+	host := fedpool.Host(stockPool, d.ns)
+	if pol == "fleetinfer" {
+		host = d.pool.Host()
+	}
+	type send struct {
+		url, host string
+		prompt    string
+	}
+	var sends []send
+	for p := range sc.Prefixes {
+		home := p % len(d.fl.Spokes)
+		prefix := sc.prefix(pol, p)
+		if o, ok := r.(*oracle); ok {
+			for _, pod := range d.pool.Members[home].Pods {
+				sends = append(sends, send{url: "http://" + pod, prompt: prefix + "warm"})
+			}
+			o.warm(home, p)
+			continue
+		}
+		for i := range 2 {
+			sends = append(sends, send{url: d.fl.Spokes[home].GatewayURL(), host: host, prompt: prefix + "warm " + strconv.Itoa(i)})
+		}
+	}
+	errs := make([]string, len(sends))
+	var wg sync.WaitGroup
+	for i, s := range sends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := c.do(ctx, &entryRouter{gws: gateways{s.url}, host: s.host}, arrival{Prompt: s.prompt, Prefix: -1}, time.Now())
+			errs[i] = res.Err
+		}()
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != "" {
+			return fmt.Errorf("warming prefixes: %s", e)
+		}
+	}
+	return nil
+}
+
+// pickerCounts are what fleetinfer's pickers counted, per picker: their
+// remote picks and their federation-lag histogram buckets (le → count).
+type pickerCounts map[int]pickerCount
+
+type pickerCount struct {
+	remotePicks float64
+	lag         map[float64]float64
+}
+
+// pickerCounts scrapes fleetinfer's pickers; none for other policies. A
+// picker that does not answer (its cluster lost) is left out.
+func (d *deployment) pickerCounts(ctx context.Context, pol string) (pickerCounts, error) {
+	if pol != "fleetinfer" {
+		return nil, nil
+	}
+	out := pickerCounts{}
+	for i, m := range d.pool.Members {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		series, err := m.EPPMetrics(sctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		pc := pickerCount{lag: map[float64]float64{}}
+		for name, v := range series {
+			switch metrics.Name(name) {
+			case "fleetinfer_epp_picks_total":
+				if strings.Contains(name, `locality="remote"`) {
+					pc.remotePicks += v
+				}
+			case "fleetinfer_epp_federation_lag_seconds_bucket":
+				if le, ok := label(name, "le"); ok {
+					f, err := strconv.ParseFloat(le, 64)
+					if err == nil {
+						pc.lag[f] += v
+					}
+				}
+			}
+		}
+		out[i] = pc
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no fleetinfer picker answered for its metrics")
+	}
+	return out, nil
+}
+
+// label returns the value of label k in a series name.
+func label(series, k string) (string, bool) {
+	_, rest, ok := strings.Cut(series, k+`="`)
+	if !ok {
+		return "", false
+	}
+	v, _, ok := strings.Cut(rest, `"`)
+	return v, ok
+}
+
+// addPickerCounts records, from fleetinfer's pickers' counts before and
+// after the run (those that answered both times), the requests forwarded
+// twice and the age of remote data at pick time.
+//
+// Every request a picker sends to another cluster is one remote pick, and
+// the picker there, seeing its verified marks, picks locally; a request
+// forwarded twice would be a second remote pick for one crossing. So the
+// remote picks beyond the requests served in another cluster than they
+// entered, and beyond the failed requests (which may have been picked
+// remote before they failed), are forwards twice.
+func (r *runResult) addPickerCounts(before, after pickerCounts) {
+	if before == nil || after == nil {
+		return
+	}
+	var remote float64
+	lag := map[float64]float64{}
+	for i, a := range after {
+		b, ok := before[i]
+		if !ok {
+			continue
+		}
+		remote += a.remotePicks - b.remotePicks
+		for le, n := range a.lag {
+			lag[le] += n - b.lag[le]
+		}
+	}
+	r.ForwardedTwice = max(0, int(math.Round(remote))-r.Crossed-r.Errors)
+	if p99, ok := bucketQuantile(lag, 0.99); ok {
+		v := p99 * 1000
+		r.RemoteAgeP99Ms = &v
+	}
+}
+
+// bucketQuantile is quantile q of a Prometheus histogram's cumulative
+// buckets (le → count), interpolated linearly inside its bucket; false
+// without observations. Past the largest finite bound it is that bound.
+func bucketQuantile(buckets map[float64]float64, q float64) (float64, bool) {
+	les := make([]float64, 0, len(buckets))
+	for le := range buckets {
+		les = append(les, le)
+	}
+	sort.Float64s(les)
+	if len(les) == 0 || buckets[les[len(les)-1]] <= 0 {
+		return 0, false
+	}
+	target := q * buckets[les[len(les)-1]]
+	lo, below := 0.0, 0.0
+	for _, le := range les {
+		n := buckets[le]
+		if n >= target {
+			if math.IsInf(le, 1) {
+				return lo, true
+			}
+			if n == below {
+				return le, true
+			}
+			return lo + (le-lo)*(target-below)/(n-below), true
+		}
+		lo, below = le, n
+	}
+	return lo, true
+}

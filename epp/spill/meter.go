@@ -1,0 +1,137 @@
+package spill
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Meter measures what the estimate needs of the endpoints this picker
+// sends requests to, by endpoint name (a remote endpoint's carries its
+// cluster): the requests it has in flight to
+// each, and, for local pods, how long requests take there and how many run
+// at once, whose quotient is the pod's service rate. It is safe for
+// concurrent use. A nil *Meter measures nothing: every pod then has no
+// requests in flight and the default service rate.
+//
+// Requests picked by other pickers are not timed here; in Parent mode every
+// request served by a local pod passes this picker (peers forward to its
+// gateway), so the local measurements cover all of them.
+type Meter struct {
+	mu   sync.RWMutex
+	pods map[types.NamespacedName]*podMeter
+	// poolRate follows the local pods' measured rates (requests/s, as
+	// float64 bits): the prior for remote pods, which serve the same model.
+	poolRate atomic.Uint64
+}
+
+type podMeter struct {
+	inflight atomic.Int64
+	// service is the mean time a request takes at the pod, from the pick
+	// to the end of its response, in ns (each sample moves it a fifth of
+	// the way); 0 before the first.
+	service atomic.Int64
+	// slots is the most requests seen running at once: the batch size.
+	slots atomic.Int64
+}
+
+// NewMeter returns a meter that has measured nothing yet.
+func NewMeter() *Meter { return &Meter{pods: map[types.NamespacedName]*podMeter{}} }
+
+func (m *Meter) pod(addr types.NamespacedName) *podMeter {
+	m.mu.RLock()
+	p := m.pods[addr]
+	m.mu.RUnlock()
+	if p != nil {
+		return p
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p = m.pods[addr]; p == nil {
+		p = &podMeter{}
+		m.pods[addr] = p
+	}
+	return p
+}
+
+// lookup returns the pod's meter, nil when nothing was measured of it.
+func (m *Meter) lookup(addr types.NamespacedName) *podMeter {
+	if m == nil {
+		return nil
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.pods[addr]
+}
+
+// Started records a request sent to the endpoint addr.
+func (m *Meter) Started(addr types.NamespacedName) {
+	if m != nil {
+		m.pod(addr).inflight.Add(1)
+	}
+}
+
+// Finished records the end of a request Started at addr. took is how long
+// it took from the pick, 0 when it did not complete (an error, a request
+// the client gave up) or did not run on a local pod: such requests are no
+// sample of the pod's service time.
+func (m *Meter) Finished(addr types.NamespacedName, took time.Duration) {
+	if m == nil {
+		return
+	}
+	p := m.pod(addr)
+	p.inflight.Add(-1)
+	if took <= 0 {
+		return
+	}
+	cur := p.service.Load()
+	next := int64(took)
+	if cur > 0 {
+		next = cur + (int64(took)-cur)/5
+	}
+	p.service.Store(next)
+	if r, ok := p.rate(); ok {
+		pool := loadFloat(&m.poolRate)
+		if pool > 0 {
+			r = pool + (r-pool)/5
+		}
+		storeFloat(&m.poolRate, r)
+	}
+}
+
+// sawRunning records that running requests ran at once on the pod.
+func (p *podMeter) sawRunning(running int) {
+	for {
+		cur := p.slots.Load()
+		if int64(running) <= cur || p.slots.CompareAndSwap(cur, int64(running)) {
+			return
+		}
+	}
+}
+
+// rate is slots over service time: the requests per second the pod
+// completes with its batch full.
+func (p *podMeter) rate() (float64, bool) {
+	service, slots := p.service.Load(), max(p.slots.Load(), 1)
+	if service <= 0 {
+		return 0, false
+	}
+	return float64(slots) / time.Duration(service).Seconds(), true
+}
+
+// PoolRate returns the local pods' measured service rate, false before any
+// was measured.
+func (m *Meter) PoolRate() (float64, bool) {
+	if m == nil {
+		return 0, false
+	}
+	r := loadFloat(&m.poolRate)
+	return r, r > 0
+}
+
+func loadFloat(u *atomic.Uint64) float64 { return math.Float64frombits(u.Load()) }
+
+func storeFloat(u *atomic.Uint64, f float64) { u.Store(math.Float64bits(f)) }
