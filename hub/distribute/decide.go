@@ -268,9 +268,9 @@ func keepOutcome(running decision, prev *v1alpha2.PlacementStatus, reason, cause
 // failedOver returns the clusters that lost their replicas while
 // unavailable, remembered for Rebalance: Never, sorted; and the ones this
 // decision newly moved replicas away from, for Events. A cluster of the
-// previous decision that the hub has not engaged at all (a hub that
-// started while the cluster was down) lost its replicas the same way. A
-// cluster back in the decision is no longer failed over.
+// previous decision that is not in the inventory at all (its registration
+// removed) lost its replicas the same way. A cluster back in the decision
+// is no longer failed over.
 func failedOver(before []string, prev, next decision, clusters []inventory.Cluster) ([]string, []failover) {
 	failed := slices.Clone(before)
 	var moved []failover

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sort"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
@@ -149,10 +153,9 @@ func TestALeavingCopyThatTerminatesDoesNotComeBack(t *testing.T) {
 
 // The clusters a decision takes replicas from while they are unavailable
 // are remembered as failed over (for Rebalance: Never), and so is a cluster
-// of the previous decision the hub has not engaged at all: a hub restarted
-// while a spoke is down never connects to it, and its replicas move all the
-// same.
-func TestFailedOverRemembersUnavailableAndUnengagedClusters(t *testing.T) {
+// of the previous decision that is no longer in the inventory (its
+// registration removed).
+func TestFailedOverRemembersUnavailableAndUnregisteredClusters(t *testing.T) {
 	down := inventory.Cluster{Name: "down", UnavailableSince: time.Unix(1, 0)}
 	up := inventory.Cluster{Name: "up"}
 	want := func(names ...string) decision {
@@ -171,7 +174,7 @@ func TestFailedOverRemembersUnavailableAndUnengagedClusters(t *testing.T) {
 		events     int
 	}{
 		{"an unavailable cluster loses its replicas", nil, want("down"), want("up"), []inventory.Cluster{down, up}, []string{"down"}, 1},
-		{"an unengaged cluster loses its replicas", nil, want("gone"), want("up"), []inventory.Cluster{up}, []string{"gone"}, 0},
+		{"an unregistered cluster loses its replicas", nil, want("gone"), want("up"), []inventory.Cluster{up}, []string{"gone"}, 0},
 		{"an available cluster left by a placement change is not failed over", nil, want("up"), want("down"), []inventory.Cluster{down, up}, nil, 0},
 		{"an unavailable cluster that keeps its replicas is not failed over", nil, want("down"), want("down"), []inventory.Cluster{down}, nil, 0},
 		{"a failed-over cluster back in the decision is forgotten", []string{"down"}, want("up"), want("down", "up"), []inventory.Cluster{down, up}, nil, 0},
@@ -184,5 +187,67 @@ func TestFailedOverRemembersUnavailableAndUnengagedClusters(t *testing.T) {
 				t.Errorf("failed over %v with %d failovers, want %v with %d", failed, len(moved), c.failed, c.events)
 			}
 		})
+	}
+}
+
+// joined is a Source of the clusters of several sources.
+type joined []inventory.Source
+
+func (j joined) Clusters(ctx context.Context) []inventory.Cluster {
+	var out []inventory.Cluster
+	for _, s := range j {
+		out = append(out, s.Clusters(ctx)...)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	return out
+}
+
+// A hub that restarts (or a new leader) while a spoke is down never engages
+// that spoke, but the spoke is still registered: its replicas stay where
+// they are until the placement's toleration has passed since the loss an
+// earlier hub recorded, and move only then.
+func TestARegisteredSpokeTheHubNeverEngagedKeepsItsReplicasThroughTheToleration(t *testing.T) {
+	const registrations, toleration, lostAgo = "fleet-system", time.Minute, 20 * time.Second
+	pl := placementOf(fleetv1alpha1.Weighted, "a", "b")
+	pl.Spec.Replicas.Weights = []fleetv1alpha1.ClusterWeight{{Cluster: "a", Weight: 1}, {Cluster: "b", Weight: 1}}
+	pl.Spec.Failover.TolerationSeconds = ptr.To(int32(toleration / time.Second))
+	f, advance := clockedFleet(t, []client.Object{service("llama", 2), pl,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: "b",
+			Labels: map[string]string{kubeconfig.DefaultKubeconfigSecretLabel: "true"}}},
+	}, map[string][]client.Object{"a": nil, "b": nil})
+	f.reconcile("llama")
+	f.markReady("a", "llama", 1)
+	f.markReady("b", "llama", 1)
+	f.reconcile("llama")
+	if cp := f.copyIn("a", "llama"); cp == nil || *cp.Spec.Replicas != 1 {
+		t.Fatalf("a's copy %v before the restart, want 1 replica", cp)
+	}
+
+	// The new hub engages a only; an earlier hub recorded b lost lostAgo.
+	lost := f.r.timeNow().Add(-lostAgo).Truncate(time.Second)
+	if err := f.hub.Create(context.Background(), &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: inventory.RecordName},
+		Data:       map[string]string{"b": lost.UTC().Format(time.RFC3339)}}); err != nil {
+		t.Fatal(err)
+	}
+	f.r.clusters = joined{fixedClusters{{Name: "a", Client: f.spokes["a"], Reader: f.spokes["a"]}},
+		inventory.New(inventory.Options{Hub: f.hub, Namespace: registrations}).Registered()}
+	f.restartHub()
+
+	f.reconcile("llama")
+	if e := entry(f.hubService("llama"), "b"); e == nil || e.DesiredReplicas != 1 {
+		t.Fatalf("b's entry %+v within the toleration, want it to keep its replica", e)
+	}
+	if cp := f.copyIn("a", "llama"); *cp.Spec.Replicas != 1 {
+		t.Fatalf("a's copy has %d replicas within the toleration, want 1: b's replica moved early", *cp.Spec.Replicas)
+	}
+
+	advance(toleration - lostAgo + 2*time.Second)
+	f.reconcile("llama")
+	if e := entry(f.hubService("llama"), "b"); e != nil && e.DesiredReplicas != 0 {
+		t.Fatalf("b's entry %+v after the toleration, want its replica moved", e)
+	}
+	if cp := f.copyIn("a", "llama"); *cp.Spec.Replicas != 2 {
+		t.Fatalf("a's copy has %d replicas after the toleration, want 2", *cp.Spec.Replicas)
 	}
 }

@@ -117,7 +117,9 @@ type Reconciler struct {
 // NewReconciler builds the reconciler on the hub (local) cluster's client.
 func NewReconciler(mgr mcmanager.Manager, inv *inventory.Inventory, opts Options) *Reconciler {
 	local := mgr.GetLocalManager()
-	return &Reconciler{hub: local.GetClient(), clusters: inv, inv: inv, recorder: local.GetEventRecorderFor("fleetinfer-hub"),
+	// Registered, not the engaged clusters alone: a spoke the hub has not
+	// engaged keeps its replicas through the toleration.
+	return &Reconciler{hub: local.GetClient(), clusters: inv.Registered(), inv: inv, recorder: local.GetEventRecorderFor("fleetinfer-hub"),
 		opts: opts, deletions: &deletions{hubID: opts.HubID}}
 }
 

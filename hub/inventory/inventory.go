@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
 )
 
 var secretGVK = corev1.SchemeGroupVersion.WithKind("Secret")
@@ -91,6 +92,10 @@ type Inventory struct {
 	opts Options
 
 	record *record
+	// started is when this hub began to lead (Start, which runs only on the
+	// leader): the loss of a registered cluster it has not engaged, when no
+	// earlier hub recorded one. Guarded by mu.
+	started time.Time
 
 	mu       sync.Mutex
 	clusters map[string]*tracked
@@ -195,6 +200,7 @@ func (i *Inventory) Engage(ctx context.Context, name multicluster.ClusterName, c
 
 // Start probes every cluster until ctx ends.
 func (i *Inventory) Start(ctx context.Context) error {
+	i.startedAt()
 	t := time.NewTicker(i.opts.ProbeInterval)
 	defer t.Stop()
 	for {
@@ -205,6 +211,16 @@ func (i *Inventory) Start(ctx context.Context) error {
 			i.probeAll(ctx)
 		}
 	}
+}
+
+// startedAt is when this hub began to lead, set on first use.
+func (i *Inventory) startedAt() time.Time {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.started.IsZero() {
+		i.started = time.Now()
+	}
+	return i.started
 }
 
 // Subscribe returns a channel that receives a cluster's name whenever it is
@@ -436,6 +452,65 @@ func (i *Inventory) Clusters(ctx context.Context) []Cluster {
 		out[k].Labels, out[k].Properties = i.describe(ctx, out[k].Name)
 	}
 	return out
+}
+
+// Registered is a Source of every registered cluster: the engaged ones, and
+// those with a registration (a kubeconfig Secret, a ClusterProfile) that
+// the hub has not engaged. The provider engages a cluster only once its
+// cache syncs, so a hub that starts, or becomes leader, while a spoke is
+// down never engages it; placing on Clusters alone would drop that spoke
+// as if it had left the fleet and move its replicas at once. Registered
+// lists it unavailable since its recorded loss instead (since the hub
+// began to lead when nothing is recorded, and then records that), so failover
+// waits for the placement's toleration. Unengaged clusters have no
+// clients: read them only when Available.
+func (i *Inventory) Registered() Source { return registeredSource{i} }
+
+type registeredSource struct{ inv *Inventory }
+
+func (r registeredSource) Clusters(ctx context.Context) []Cluster {
+	out := r.inv.Clusters(ctx)
+	engaged := len(out)
+	for _, name := range r.inv.registrations(ctx) {
+		if slices.ContainsFunc(out, func(c Cluster) bool { return c.Name == name }) {
+			continue
+		}
+		since := r.inv.record.since(ctx, name)
+		if since.IsZero() {
+			since = r.inv.startedAt()
+			r.inv.record.save(ctx, name, since)
+		}
+		lbls, props := r.inv.describe(ctx, name)
+		out = append(out, Cluster{Name: name, Labels: lbls, Properties: props, UnavailableSince: since,
+			Reason: "registered but not engaged: the hub has not reached its API server"})
+	}
+	if len(out) > engaged {
+		sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	}
+	return out
+}
+
+// registrations names the clusters registered in the namespace: kubeconfig
+// Secrets and ClusterProfiles, whichever the provider reads. A kind that
+// cannot be listed adds none.
+func (i *Inventory) registrations(ctx context.Context) []string {
+	var names []string
+	secs := &metav1.PartialObjectMetadataList{}
+	secs.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("SecretList"))
+	if err := i.opts.Hub.List(ctx, secs, client.InNamespace(i.opts.Namespace),
+		client.MatchingLabels{kubeconfig.DefaultKubeconfigSecretLabel: "true"}); err == nil {
+		for _, s := range secs.Items {
+			names = append(names, s.Name)
+		}
+	}
+	cps := &clusterinventoryv1alpha1.ClusterProfileList{}
+	if err := i.opts.Hub.List(ctx, cps, client.InNamespace(i.opts.Namespace)); err == nil {
+		for _, cp := range cps.Items {
+			names = append(names, cp.Name)
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // Cluster returns one engaged cluster.

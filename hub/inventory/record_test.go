@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
 )
 
 // restart builds a second inventory on the same hub, as a restarted hub
@@ -139,5 +141,47 @@ func TestAReplacedEngagementKeepsItsAvailabilityMetric(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if got := testutil.ToFloat64(availableGauge.WithLabelValues("metric")); got != 1 {
 		t.Fatalf("fleetinfer_hub_cluster_available{cluster=metric} = %v after the earlier engagement ended, want 1", got)
+	}
+}
+
+// A registered cluster the hub has not engaged (a hub that started while it
+// was down) is listed by Registered as unavailable since the loss an
+// earlier hub recorded, or, with nothing recorded, since this hub started,
+// which it records for the hubs after it. Engaged clusters are listed once.
+func TestARegisteredClusterNotEngagedIsUnavailableSinceItsRecordedLoss(t *testing.T) {
+	kubeconfigSecret := func(name string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: name,
+			Labels: map[string]string{kubeconfig.DefaultKubeconfigSecretLabel: "true"}}}
+	}
+	lost := time.Now().Add(-time.Hour).Truncate(time.Second)
+	inv, hub := newInventory(t, kubeconfigSecret("up"), kubeconfigSecret("recorded"), kubeconfigSecret("unrecorded"),
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: "not-a-registration"}},
+		clusterProfile(registrations, "profiled", metav1.ConditionTrue, ""),
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: RecordName},
+			Data: map[string]string{"recorded": lost.UTC().Format(time.RFC3339)}})
+	engage(t, inv, "up", newAPIServer(t).URL)
+
+	got := inv.Registered().Clusters(context.Background())
+	if want := []string{"profiled", "recorded", "unrecorded", "up"}; !slices.Equal(names(got), want) {
+		t.Fatalf("Registered lists %v, want %v", names(got), want)
+	}
+	since := map[string]time.Time{}
+	for _, c := range got {
+		since[c.Name] = c.UnavailableSince
+		if c.Name != "up" && (c.Available() || c.Client != nil) {
+			t.Errorf("%s is listed available or with a client, want it unavailable and unreadable: %+v", c.Name, c)
+		}
+	}
+	if !since["up"].IsZero() {
+		t.Errorf("the engaged cluster is unavailable since %s", since["up"])
+	}
+	if !since["recorded"].Equal(lost) {
+		t.Errorf("recorded is unavailable since %s, want the recorded loss %s", since["recorded"], lost)
+	}
+	if !since["unrecorded"].Equal(inv.startedAt()) {
+		t.Errorf("unrecorded is unavailable since %s, want the hub's start %s", since["unrecorded"], inv.startedAt())
+	}
+	if got := recorded(t, hub)["unrecorded"]; got != inv.startedAt().UTC().Format(time.RFC3339) {
+		t.Errorf("recorded %q for unrecorded, want the hub's start", got)
 	}
 }
