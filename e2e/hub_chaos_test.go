@@ -532,3 +532,127 @@ func TestFaultHubRestartsDoNotResetTheFailoverClock(t *testing.T) {
 	}
 	hubReady(t, ns, "survivor", "west=1", 120*time.Second)
 }
+
+// probeTimeout is the hub's API server probe timeout (hub/inventory's
+// default; the fleet sets no other) and probeInterval the fleet's
+// --probe-interval.
+const probeTimeout, probeInterval = 2 * time.Second, time.Second
+
+// flakyWritesPerMinute is the budget of hub writes to the spokes while one
+// spoke's probe fails 1 time in 3: the hub's steady state writes nothing,
+// and a placement change (the one the case allows) is a few objects.
+const flakyWritesPerMinute = 6
+
+// A spoke whose probe fails about 1 time in 3, as over a congested link:
+// the hub–central link turns slower than the hub's probe timeout for one
+// probe interval, then back for three (the failed probe lasts two) (bytes delayed, never
+// dropped, so the hub's watches live on). The probe's failure threshold
+// (3 in a row) is never reached, so central stays available: at most 1
+// placement change (copies created or deleted, or the hub service's
+// clusters), no copy deleted, no pod replaced, no request failed, and the
+// hub's writes to the spokes stay within flakyWritesPerMinute. 60 s, 5
+// minutes under `make chaos`.
+func TestFaultFlakyProbeChangesNothing(t *testing.T) {
+	ns := namespace(t, fl.Hub)
+	const name = "flaky"
+	place(t, routedService(ns, name, 1), fleetv1alpha1.InferencePlacementSpec{
+		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"central"}}, Federation: noFederation})
+	hubReady(t, ns, name, "central=1", 120*time.Second)
+	flaky := span(60*time.Second, 5*time.Minute)
+	fabric := fl.Fabric()
+	normal, err := fabric.Link("hub", "central")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each leg of a round trip over the slow link outlasts the probe.
+	slow := normal
+	slow.RTT = normal.RTT + 2*probeTimeout + time.Second
+	t.Cleanup(func() { _ = fabric.SetLink("hub", "central", normal) })
+
+	underFault(t, "flaky-probe", ns, name, func() string {
+		failuresBefore := probeFailures(t, "central")
+		before := hubClusters(t, ns, name)
+		began := time.Now()
+		cycles, unavailableSamples, samples := 0, 0, 0
+		for time.Since(began) < flaky {
+			if err := fabric.SetLink("hub", "central", slow); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(probeInterval)
+			if err := fabric.SetLink("hub", "central", normal); err != nil {
+				t.Fatal(err)
+			}
+			cycles++
+			// A failed probe takes the probe timeout, two intervals:
+			// three more intervals make the next two probes good.
+			for range 3 {
+				time.Sleep(probeInterval)
+				samples++
+				if clusterAvailable(t, "central") == 0 {
+					unavailableSamples++
+				}
+			}
+		}
+		took := time.Since(began)
+		// Let the last slow bytes land before counting.
+		time.Sleep(slow.RTT)
+		failures := probeFailures(t, "central") - failuresBefore
+		after := hubClusters(t, ns, name)
+		changes := 0
+		var writes []string
+		forEachHubWrite(t, began, func(cluster, verb, uri string, _ time.Time) {
+			if cluster == fl.Hub.Name() {
+				return
+			}
+			writes = append(writes, verb+" "+cluster+": "+uri)
+			if (verb == "create" || verb == "delete") && strings.Contains(uri, "/namespaces/"+ns+"/llminferenceservices") {
+				changes++
+			}
+		})
+		if before != after {
+			changes++
+		}
+		perMinute := float64(len(writes)) / took.Minutes()
+		// A failed probe holds the probe loop for the timeout.
+		probes := took.Seconds()/probeInterval.Seconds() - failures*float64(probeTimeout/probeInterval-1)
+		if failures == 0 {
+			t.Errorf("no probe of central failed in %d slow spells: the fault did not reach the probe", cycles)
+		}
+		if unavailableSamples > 0 {
+			t.Errorf("the hub found central unavailable in %d of %d samples: a probe failing 1 time in 3 made it flap", unavailableSamples, samples)
+		}
+		if changes > 1 {
+			t.Errorf("%d placement changes (clusters %s, then %s; writes %v)", changes, before, after, writes)
+		}
+		if perMinute > flakyWritesPerMinute {
+			t.Errorf("the hub wrote to the spokes %.1f times a minute, budget %d:\n%s", perMinute, flakyWritesPerMinute, strings.Join(writes, "\n"))
+		}
+		return fmt.Sprintf("%s, link slowed to %s RTT (probe timeout %s) 1 s in 4 (%d spells): %.0f of about %.0f probes of central failed; central unavailable in %d of %d samples; %d placement changes (clusters %s, then %s); %d hub writes to spokes (%.1f/min, budget %d)",
+			flaky, slow.RTT, probeTimeout, cycles, failures, probes, unavailableSamples, samples, changes, before, after, len(writes), perMinute, flakyWritesPerMinute)
+	})
+}
+
+// probeFailures is the hub's count of failed probes of cluster c.
+func probeFailures(t *testing.T, c string) float64 {
+	return hubMetrics(t)[`fleetinfer_hub_cluster_probe_failures_total{cluster="`+c+`"}`]
+}
+
+// clusterAvailable is the hub's availability gauge of cluster c (1 or 0).
+func clusterAvailable(t *testing.T, c string) float64 {
+	return hubMetrics(t)[`fleetinfer_hub_cluster_available{cluster="`+c+`"}`]
+}
+
+// hubClusters is the hub service's clusters and their shares as its status
+// reports them.
+func hubClusters(t *testing.T, ns, name string) string {
+	t.Helper()
+	svc := &v1alpha2.LLMInferenceService{}
+	if err := fl.Hub.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
+		t.Fatal(err)
+	}
+	shares := map[string]int32{}
+	for _, c := range svc.Status.Clusters {
+		shares[c.Name] = c.DesiredReplicas
+	}
+	return split(shares)
+}

@@ -19,14 +19,7 @@ import (
 // longer than 10 s.
 func slowReconciles(t *testing.T) map[string]float64 {
 	t.Helper()
-	leader, err := fl.HubLeader(context.Background(), time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := metrics.Scrape(context.Background(), leader.Metrics)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := hubMetrics(t)
 	out := map[string]float64{}
 	for series, v := range m {
 		if !strings.HasPrefix(series, "controller_runtime_reconcile_time_seconds_count{") {
@@ -37,6 +30,20 @@ func slowReconciles(t *testing.T) map[string]float64 {
 		out[labels] = v - within
 	}
 	return out
+}
+
+// hubMetrics scrapes the hub leader's metrics, by series.
+func hubMetrics(t *testing.T) map[string]float64 {
+	t.Helper()
+	leader, err := fl.HubLeader(context.Background(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := metrics.Scrape(context.Background(), leader.Metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // A spoke whose API server the hub cannot reach — the link black-holed, so
