@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -271,8 +272,9 @@ func TestSpokesAreRegisteredWithTheHub(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var nodes corev1.NodeList
-		if err := c.List(ctx, &nodes); err != nil {
+		// The hub's spoke access reads capacity reports, not nodes.
+		var capacities fleetv1alpha1.ClusterCapacityList
+		if err := c.List(ctx, &capacities); err != nil {
 			t.Fatalf("hub cannot use the kubeconfig of %s: %v", s.Name(), err)
 		}
 		want := 0

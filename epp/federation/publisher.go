@@ -330,11 +330,12 @@ func (p *Publisher) snapshot(now time.Time) *federationv1.Update {
 	return u
 }
 
-// Streams a peer may open: one a second, in bursts of four. A subscriber
+// Streams a peer cluster may open to one pool: five a second, in bursts of
+// twenty (every pool of a peer reconnects during a CA rotation). A subscriber
 // reconnects with backoff from 100 ms; each stream costs a snapshot.
 const (
-	streamsPerSecond = 1
-	streamBurst      = 4
+	streamsPerSecond = 5
+	streamBurst      = 20
 )
 
 // mayOpen reports whether cluster may open a stream now.
