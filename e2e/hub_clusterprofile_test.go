@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -84,7 +83,7 @@ func TestHubClusterProfileProviderEngagesEveryFleetSpoke(t *testing.T) {
 			return fmt.Errorf("engaged %v, want %v", names, want)
 		}
 		for name, cl := range got {
-			if err := sameNodes(ctx, cl, fl.Spoke(name)); err != nil {
+			if err := sameCapacities(ctx, cl, fl.Spoke(name)); err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
 		}
@@ -106,25 +105,26 @@ func TestHubClusterProfileProviderEngagesEveryFleetSpoke(t *testing.T) {
 	}
 }
 
-// sameNodes checks that cl reaches spoke: it lists the spoke's nodes.
-func sameNodes(ctx context.Context, cl cluster.Cluster, spoke *fleet.Cluster) error {
-	var via, direct corev1.NodeList
+// sameCapacities checks that cl reaches spoke with the hub's access: both
+// list the same capacity reports.
+func sameCapacities(ctx context.Context, cl cluster.Cluster, spoke *fleet.Cluster) error {
+	var via, direct fleetv1alpha1.ClusterCapacityList
 	if err := cl.GetAPIReader().List(ctx, &via); err != nil {
 		return err
 	}
 	if err := spoke.Client.List(ctx, &direct); err != nil {
 		return err
 	}
-	names := func(l corev1.NodeList) []string {
+	names := func(l fleetv1alpha1.ClusterCapacityList) []string {
 		var out []string
-		for _, n := range l.Items {
-			out = append(out, n.Name)
+		for _, c := range l.Items {
+			out = append(out, c.Name)
 		}
 		sort.Strings(out)
 		return out
 	}
 	if a, b := names(via), names(direct); len(a) == 0 || !slices.Equal(a, b) {
-		return fmt.Errorf("the engaged client sees nodes %v, the spoke has %v", a, b)
+		return fmt.Errorf("the engaged client sees capacity reports %v, the spoke has %v", a, b)
 	}
 	return nil
 }

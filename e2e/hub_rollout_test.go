@@ -37,6 +37,19 @@ func TestABadChangeUnderAProgressiveRolloutStopsAfterTheFirstCluster(t *testing.
 			ProgressDeadlineSeconds: ptr.To(int32(deadline / time.Second))},
 	})
 	hubReady(t, ns, "staged", "central=1,east=1,west=1", 90*time.Second)
+	// The hub is Ready once one cluster serves; the first version has
+	// rolled out when every copy is Ready. Until then a copy that is not
+	// Ready takes a change at once, by design.
+	testutil.Eventually(t, 60*time.Second, "the first version rolled out", func(ctx context.Context) error {
+		svc := &v1alpha2.LLMInferenceService{}
+		if err := fl.Hub.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "staged"}, svc); err != nil {
+			return err
+		}
+		if !svc.Status.IsTrue(distribute.RolledOut) {
+			return fmt.Errorf("hub: %s", hubConditions(svc))
+		}
+		return nil
+	})
 	serving := map[string]map[types.UID]bool{}
 	for _, c := range clusters {
 		ready, err := readyPods(ctx, fl.Spoke(c), ns, "staged")

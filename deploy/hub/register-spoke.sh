@@ -21,7 +21,11 @@ name=$1 spoke=$2 hub=$3
 here=$(cd "$(dirname "$0")" && pwd)
 ns=fleetinfer-system
 
-kubectl --kubeconfig "$spoke" apply --server-side -k "$here/spoke-access" >/dev/null
+# The policy's matchConstraints is an atomic field that the API server
+# defaults, so any second applier (an earlier install, another tool) conflicts
+# on it even with identical manifests; this script states the access the hub
+# must have, so it takes ownership.
+kubectl --kubeconfig "$spoke" apply --server-side --force-conflicts -k "$here/spoke-access" >/dev/null
 token=$(kubectl --kubeconfig "$spoke" -n fleetinfer-hub create token fleetinfer-hub --duration "${TOKEN_DURATION:-8760h}")
 view() { kubectl --kubeconfig "$spoke" config view --minify --flatten -o jsonpath="$1"; }
 server=${SERVER:-$(view '{.clusters[0].cluster.server}')}

@@ -177,9 +177,6 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 		st.Aggregate(v1alpha2.Ready, v1alpha2.ReadyDependents)
 		return ctrl.Result{}, err
 	}
-	if err := r.addFinalizer(ctx, svc); err != nil {
-		return ctrl.Result{}, err
-	}
 	st.MarkTrue(v1alpha2.PresetsCombined)
 	svc.Status.AppliedConfigRefs = c.applied
 	r.reportFieldsNotActedOn(svc, &c.spec)
@@ -196,23 +193,6 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	st.Aggregate(v1alpha2.RouterReady, v1alpha2.RouterSubConditions)
 	st.Aggregate(v1alpha2.Ready, v1alpha2.ReadyDependents)
 	return ctrl.Result{RequeueAfter: requeue}, errors.Join(errs...)
-}
-
-// addFinalizer adds the finalizer before the first children are made,
-// keeping the status reconciled so far: a service that never composed has
-// none to clean up, and every write of a service near the size limit costs
-// the API server seconds.
-func (r *Reconciler) addFinalizer(ctx context.Context, svc *v1alpha2.LLMInferenceService) error {
-	if controllerutil.ContainsFinalizer(svc, Finalizer) {
-		return nil
-	}
-	cp := svc.DeepCopy()
-	controllerutil.AddFinalizer(cp, Finalizer)
-	if err := r.Update(ctx, cp); err != nil {
-		return err
-	}
-	svc.ObjectMeta = cp.ObjectMeta
-	return nil
 }
 
 // teardown removes every workload and router child, for the stop annotation.
