@@ -40,7 +40,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build images test chaos unit e2e demo fleet-up fleet-down vet fmt manifests generate verify-generated verify-layering fuzz bench bench-epp bench-hub bench-routing clean help
+.PHONY: all tools build images release test chaos unit e2e demo fleet-up fleet-down vet fmt manifests generate verify-generated verify-layering fuzz fuzz-long bench bench-epp bench-hub bench-routing clean help
 
 all: build
 
@@ -89,6 +89,9 @@ build: ## Build fleetinfer's binaries into bin/.
 
 images: ## Build the hub, spoke and picker images (linux/amd64 and linux/arm64, SBOM inside) into the OCI layout bin/oci; PUSH=host/prefix also pushes them.
 	go run ./hack/images -out $(BIN)/oci -version $(VERSION) $(if $(PUSH),-push $(PUSH))
+
+release: ## A release in dist/$(VERSION): images (OCI layout), the spoke chart and hub manifests pinned to their digests, register-spoke.sh, SHA256SUMS; PUSH=host/prefix also pushes the images.
+	go run ./hack/images -out dist/$(VERSION)/oci -version $(VERSION) -release dist/$(VERSION) $(if $(PUSH),-push $(PUSH))
 
 test: tools build images vet verify-generated verify-layering fuzz ## Build everything and run every test.
 	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
@@ -142,6 +145,9 @@ fuzz: ## Run each fuzz test for FUZZTIME (default 5s) on top of its committed co
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzMessageSequence$$' -fuzztime $(FUZZTIME)
 	go test ./epp -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime $(FUZZTIME)
 	go test ./spoke/llmisvc -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME)
+
+fuzz-long: ## The fuzz tests for FUZZTIME=10m each (about 40 minutes); new failing inputs land in testdata/fuzz to commit.
+	$(MAKE) fuzz FUZZTIME=$(or $(filter-out 5s,$(FUZZTIME)),10m)
 
 verify-generated: ## Fail when `make manifests generate` would change a file.
 	hack/verify-generated.sh

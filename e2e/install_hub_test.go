@@ -108,31 +108,7 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var image string
-	var args []string
-	replicas := int64(1)
-	for _, o := range objs {
-		if o.GetKind() == "Deployment" && o.GetName() == "fleetinfer-hub" {
-			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-			args, _, _ = unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
-			image, _, _ = unstructured.NestedString(containers[0].(map[string]any), "image")
-			// Parsed YAML numbers may be int64 or float64.
-			switch n, _, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "replicas"); n := n.(type) {
-			case int64:
-				replicas = n
-			case float64:
-				replicas = int64(n)
-			}
-		}
-	}
-	if len(args) == 0 {
-		t.Fatal("no hub Deployment in deploy/hub")
-	}
-	t.Logf("the hub Deployment has %d replicas", replicas)
-	hubs := make([]*hubReplica, replicas)
-	for i := range hubs {
-		hubs[i] = startHubReplica(t, inst, i, image, args, serviceAccountKubeconfig(t, hub, fleet.Namespace, "fleetinfer-hub"))
-	}
+	hubs := startHubDeployment(t, inst, objs)
 	leader := hubLeader(t, hubs)
 
 	ns := namespace(t, hub)
@@ -192,6 +168,45 @@ func installHub(t *testing.T, inst *fleet.Fleet) {
 		}
 		return nil
 	})
+}
+
+// startHubDeployment runs the hub Deployment of the hub's manifests objs:
+// each replica a process of its image with its flags, under the hub's
+// ServiceAccount (the hub cluster has no kubelet).
+func startHubDeployment(t *testing.T, inst *fleet.Fleet, objs []*unstructured.Unstructured) []*hubReplica {
+	t.Helper()
+	image, args, replicas := hubDeployment(t, objs)
+	t.Logf("the hub Deployment has %d replicas", replicas)
+	hubs := make([]*hubReplica, replicas)
+	for i := range hubs {
+		hubs[i] = startHubReplica(t, inst, i, image, args, serviceAccountKubeconfig(t, inst.Hub, fleet.Namespace, "fleetinfer-hub"))
+	}
+	return hubs
+}
+
+// hubDeployment is the image, flags and replica count of the hub
+// Deployment in the hub's manifests.
+func hubDeployment(t *testing.T, objs []*unstructured.Unstructured) (image string, args []string, replicas int64) {
+	t.Helper()
+	replicas = 1
+	for _, o := range objs {
+		if o.GetKind() == "Deployment" && o.GetName() == "fleetinfer-hub" {
+			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			args, _, _ = unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+			image, _, _ = unstructured.NestedString(containers[0].(map[string]any), "image")
+			// Parsed YAML numbers may be int64 or float64.
+			switch n, _, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "replicas"); n := n.(type) {
+			case int64:
+				replicas = n
+			case float64:
+				replicas = int64(n)
+			}
+		}
+	}
+	if len(args) == 0 {
+		t.Fatal("no hub Deployment in the hub's manifests")
+	}
+	return image, args, replicas
 }
 
 // hubReplica is one replica of the installed hub Deployment, run as a

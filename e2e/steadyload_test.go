@@ -14,6 +14,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/loadgen"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -51,10 +52,16 @@ type steadyLoad struct {
 // that failures count the fault, not the start-up.
 func startLoad(t *testing.T, ns, name string, rate float64, limit time.Duration, through ...string) *steadyLoad {
 	t.Helper()
+	return startLoadVia(t, fl.Hub, ns, name, rate, limit, through...)
+}
+
+// startLoadVia is startLoad for the service of another fleet's hub.
+func startLoadVia(t *testing.T, hub *fleet.Cluster, ns, name string, rate float64, limit time.Duration, through ...string) *steadyLoad {
+	t.Helper()
 	var entries []loadgen.Entry
 	testutil.Eventually(t, 60*time.Second, "the service answers through every gateway it runs behind", func(ctx context.Context) error {
 		svc := &v1alpha2.LLMInferenceService{}
-		if err := fl.Hub.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
+		if err := hub.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
 			return err
 		}
 		entries = entries[:0]

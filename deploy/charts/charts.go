@@ -125,6 +125,15 @@ func copyChart(c *chart.Chart) *chart.Chart {
 	return &out
 }
 
+// ReadManifests is ParseManifests of the file at path.
+func ReadManifests(path string) ([]*unstructured.Unstructured, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseManifests(b)
+}
+
 // ParseManifests splits a multi-document YAML stream into objects, skipping
 // empty documents (Helm's templates that render nothing).
 func ParseManifests(b []byte) ([]*unstructured.Unstructured, error) {

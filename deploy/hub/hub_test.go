@@ -4,7 +4,6 @@
 package hub_test
 
 import (
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -18,11 +17,7 @@ import (
 
 func objects(t *testing.T, path string) []*unstructured.Unstructured {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := charts.ParseManifests(b)
+	objs, err := charts.ReadManifests(path)
 	if err != nil {
 		t.Fatal(err)
 	}

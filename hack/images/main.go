@@ -1,6 +1,7 @@
 // Command images builds fleetinfer's OCI images into an image layout
-// (`make images`) and optionally pushes them to a registry; see
-// internal/ociimage.
+// (`make images`), optionally pushes them to a registry, and with -release
+// writes a release next to them (`make release`); see internal/ociimage and
+// internal/release.
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/fleetinfer/fleetinfer/internal/ociimage"
+	"github.com/fleetinfer/fleetinfer/internal/release"
 )
 
 func main() {
@@ -25,6 +27,7 @@ func main() {
 	push := flag.String("push", "", "also push every image to this registry prefix (e.g. registry.example.com/fleetinfer), keeping its name and tag")
 	insecure := flag.Bool("insecure", false, "push over plain HTTP")
 	platforms := flag.String("platforms", "linux/amd64,linux/arm64", "comma-separated os/arch list to build for")
+	releaseDir := flag.String("release", "", "also write a release of these images (pinned chart, hub manifests, checksums) to this directory")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -33,13 +36,13 @@ func main() {
 		os, arch, _ := strings.Cut(p, "/")
 		ps = append(ps, v1.Platform{OS: os, Architecture: arch})
 	}
-	if err := run(ctx, *out, *version, ps, *push, *insecure); err != nil {
+	if err := run(ctx, *out, *version, ps, *push, *insecure, *releaseDir); err != nil {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out, version string, platforms []v1.Platform, push string, insecure bool) error {
+func run(ctx context.Context, out, version string, platforms []v1.Platform, push string, insecure bool, releaseDir string) error {
 	created := time.Unix(0, 0).UTC()
 	if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
@@ -65,6 +68,13 @@ func run(ctx context.Context, out, version string, platforms []v1.Platform, push
 	sort.Strings(refs)
 	for _, r := range refs {
 		fmt.Printf("  %s@%s\n", r, res.Digests[r])
+	}
+	if releaseDir != "" {
+		a, err := release.Write(release.Options{Root: ".", Version: version, Images: out, Out: releaseDir, Created: created})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("release %s in %s:\n  %s\n  %s\n  %s\n  %s\n", version, releaseDir, a.Chart, a.Hub, a.Register, a.Sums)
 	}
 	if push == "" {
 		return nil

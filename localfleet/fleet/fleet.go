@@ -24,6 +24,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis"
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
+	"github.com/fleetinfer/fleetinfer/internal/ociimage"
 	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
@@ -137,6 +138,8 @@ type Fleet struct {
 
 	opts     Options
 	registry *registry.Server
+	// mirror maps fleetinfer's image names to the fleet's registry.
+	mirror   ociimage.Mirror
 	fabric   *wan.Fabric
 	netLocks []*os.File
 	dir      string

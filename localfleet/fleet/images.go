@@ -30,12 +30,20 @@ func (f *Fleet) startRegistry(ctx context.Context) error {
 	if _, err := ociimage.Push(ctx, f.opts.Binaries.Images, mirror, true); err != nil {
 		return err
 	}
+	f.mirror = mirror
 	f.Images = registry.NewStore(filepath.Join(f.dir, "images"), mirror)
 	f.ImageDigests = map[string]string{}
 	for _, img := range images {
 		f.ImageDigests[img.Ref] = img.Digest
 	}
 	return nil
+}
+
+// PushImages pushes the images of another layout to the fleet's registry,
+// mirrored as the fleet's own are: a second version, as an upgrade needs.
+func (f *Fleet) PushImages(ctx context.Context, layout string) error {
+	_, err := ociimage.Push(ctx, layout, f.mirror, true)
+	return err
 }
 
 // Image is the reference of a fleetinfer component's image in the fleet
