@@ -16,10 +16,18 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
-// namespace creates a namespace named after the test on cluster c.
+// namespace creates a namespace named after the test on cluster c; on a
+// hub, bound to every cluster.
 func namespace(t *testing.T, c *fleet.Cluster) string {
 	t.Helper()
 	name := testutil.NewNamespace(t, c.Client)
+	if c.Name() == fleet.HubName {
+		// The hub places a namespace's services only on clusters bound to
+		// it; the tests of tenancy make namespaces of their own.
+		if err := fleet.BindEveryCluster(context.Background(), c.Client, name); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Tests share the fleet and some count free GPUs: a test's pods go with
 	// it.
 	t.Cleanup(func() {

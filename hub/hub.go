@@ -89,6 +89,9 @@ type Options struct {
 	ClusterTimeout time.Duration
 	// OrphanGrace is how long a copy stays orphaned before it is deleted.
 	OrphanGrace time.Duration
+	// RequireClusterSetBinding limits each namespace to the clusters of the
+	// sets its ClusterSetBindings bind.
+	RequireClusterSetBinding bool
 	// HubID is this hub's identity on the spokes (fleetv1alpha1.HubIDLabel);
 	// empty derives it from the hub cluster (HubIdentity).
 	HubID string
@@ -123,7 +126,8 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 		return err
 	}
 	r := distribute.NewReconciler(mgr, inv, distribute.Options{DefaultToleration: opts.DefaultToleration, Workers: opts.Workers,
-		HubID: id, OrphanGrace: opts.OrphanGrace, ClusterTimeout: opts.ClusterTimeout, DefaultReadyTimeout: opts.DefaultReadyTimeout})
+		HubID: id, OrphanGrace: opts.OrphanGrace, ClusterTimeout: opts.ClusterTimeout, DefaultReadyTimeout: opts.DefaultReadyTimeout,
+		RequireClusterSetBinding: opts.RequireClusterSetBinding})
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
+	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 )
 
 // failoverResult is one loss of a spoke's control plane, timed from the
@@ -36,6 +37,9 @@ func (b *bench) failover(ctx context.Context, rep int) (failoverResult, error) {
 	ns := fmt.Sprintf("bench-failover-%d", rep)
 	hub := b.fl.Hub.Client
 	if err := createNamespace(ctx, hub, ns); err != nil {
+		return failoverResult{}, err
+	}
+	if err := fleet.BindEveryCluster(ctx, hub, ns); err != nil {
 		return failoverResult{}, err
 	}
 	svc := &v1alpha2.LLMInferenceService{

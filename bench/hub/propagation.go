@@ -80,6 +80,9 @@ func (b *bench) propagation(ctx context.Context, ph phase) (propagationResult, e
 	if err := createNamespace(ctx, hub, ns); err != nil {
 		return propagationResult{}, err
 	}
+	if err := fleet.BindEveryCluster(ctx, hub, ns); err != nil {
+		return propagationResult{}, err
+	}
 	names := make([]string, b.cfg.services)
 	for i := range names {
 		names[i] = fmt.Sprintf("svc-%03d", i)

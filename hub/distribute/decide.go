@@ -2,6 +2,7 @@ package distribute
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -113,17 +114,21 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		}
 	}
 	fleet := placement.Fleet{Clusters: clusters, Held: held, DefaultToleration: r.opts.DefaultToleration, Now: now,
-		ClusterTimeout: r.clusterTimeout(), Stuck: stuckNames(stuck)}
+		ClusterTimeout: r.clusterTimeout(), Stuck: stuckNames(stuck), RequireClusterSetBinding: r.opts.RequireClusterSetBinding}
 	if prev != nil {
 		fleet.FailedOver = prev.FailedOverClusters
 	}
 	req, inputs, requeue, err := placement.Inputs(ctx, r.hub, pl, svc, fleet)
 	if err != nil {
 		msg := fmt.Sprintf("InferencePlacement %s: %v", pl.Name, err)
+		reason := placement.ReasonOCMDecisionsUnavailable
+		if errors.Is(err, placement.ErrBindingsUnreadable) {
+			reason = placement.ReasonClusterSetBindingsUnreadable
+		}
 		out := outcome{decision: decision{keep: true}, placed: condition(placement.Placed, corev1.ConditionFalse,
-			placement.ReasonOCMDecisionsUnavailable, msg), memory: prev}
+			reason, msg), memory: prev}
 		if len(running.want) > 0 {
-			out = keepOutcome(running, prev, placement.ReasonOCMDecisionsUnavailable, msg)
+			out = keepOutcome(running, prev, reason, msg)
 		}
 		out.requeue = requeue
 		return out, err
@@ -155,10 +160,16 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		return inForce(svc, pl, current, prev, stuck, d.Message, outcome{requeue: placement.MinPositive(requeue, heldRecheck),
 			readyTimeout: timeout, stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, d.Message)}), nil
 	}
+	noEligible := placement.ReasonNoEligibleCluster
+	if req.BoundSets != nil && len(req.BoundSets) == 0 {
+		noEligible = placement.ReasonNoClusterSetBinding
+		d.Message = fmt.Sprintf("namespace %s has no ClusterSetBinding: its services may be placed only on the clusters of the sets bound to it (fleet.fleetinfer.io/clusterset on a cluster's registration; %q binds every cluster); ask the fleet's administrators for one",
+			svc.Namespace, fleetv1alpha1.GlobalClusterSet)
+	}
 	if len(next.want) == 0 && next.unplaced > 0 && len(running.want) > 0 {
 		// Zero clusters for replicas that are asked for, while the service
 		// runs: an error to report, never a reason to delete what runs.
-		reason, msg := placement.ReasonNoEligibleCluster, fmt.Sprintf("InferencePlacement %s: %s", pl.Name, d.Message)
+		reason, msg := noEligible, fmt.Sprintf("InferencePlacement %s: %s", pl.Name, d.Message)
 		if ref := pl.Spec.Clusters.OCMPlacement; ref != nil && len(req.OCMDecided) == 0 {
 			reason = placement.ReasonOCMDecisionsUnavailable
 			msg = fmt.Sprintf("InferencePlacement %s: OCM Placement %s decided no cluster (it may be recomputing, or lost its ManagedClusterSetBinding)", pl.Name, ref.Name)
@@ -190,7 +201,7 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	}
 	switch {
 	case len(next.want) == 0:
-		out.placed = condition(placement.Placed, corev1.ConditionFalse, placement.ReasonNoEligibleCluster,
+		out.placed = condition(placement.Placed, corev1.ConditionFalse, noEligible,
 			fmt.Sprintf("InferencePlacement %s: %s", pl.Name, d.Message))
 	default:
 		out.placed = placedCondition(pl, next.want, next.unplaced, d.Message)

@@ -79,6 +79,9 @@ type Options struct {
 	// DefaultReadyTimeout applies to placements that set no
 	// failover.readyTimeoutSeconds (DefaultReadyTimeout when unset).
 	DefaultReadyTimeout time.Duration
+	// RequireClusterSetBinding limits each namespace to the clusters of
+	// the sets its ClusterSetBindings bind.
+	RequireClusterSetBinding bool
 }
 
 // FinalizePatience is how long a deleted hub service waits for every
@@ -162,6 +165,7 @@ func init() {
 // +kubebuilder:rbac:groups=serving.kserve.io,resources=llminferenceservices/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=serving.kserve.io,resources=llminferenceservices/finalizers,verbs=update
 // +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=inferenceplacements,verbs=get;list;watch
+// +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=clustersetbindings,verbs=get;list;watch
 // +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=inferenceplacements/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=cluster.open-cluster-management.io,resources=managedclusters;placementdecisions,verbs=get;list;watch
 // +kubebuilder:rbac:groups=multicluster.x-k8s.io,resources=clusterprofiles,verbs=get;list;watch

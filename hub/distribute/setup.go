@@ -25,7 +25,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		Named("hub-llminferenceservice").
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{MaxConcurrentReconciles: r.opts.Workers}).
 		For(&v1alpha2.LLMInferenceService{}, watch.ForHub...).
-		Watches(&fleetv1alpha1.InferencePlacement{}, watch.Map(r.servicesOfPlacement), watch.OnHub...).
+		Watches(&fleetv1alpha1.InferencePlacement{}, watch.Map(r.servicesInNamespaceOf), watch.OnHub...).
+		Watches(&fleetv1alpha1.ClusterSetBinding{}, watch.Map(r.servicesInNamespaceOf), watch.OnHub...).
 		Watches(&v1alpha2.LLMInferenceService{}, watch.ToOrigin, watch.OnSpokes...).
 		// A cluster that starts reporting capacity may become eligible.
 		Watches(&fleetv1alpha1.ClusterCapacity{}, watch.Map(r.allServices),
@@ -37,7 +38,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 	// a hub without OCM has no PlacementDecisions to watch.
 	pd := clusterv1beta1.SchemeGroupVersion.WithKind("PlacementDecision")
 	if _, err := mgr.GetLocalManager().GetRESTMapper().RESTMapping(pd.GroupKind(), pd.Version); err == nil {
-		b = b.Watches(&clusterv1beta1.PlacementDecision{}, watch.Map(r.servicesOfPlacement), watch.OnHub...)
+		b = b.Watches(&clusterv1beta1.PlacementDecision{}, watch.Map(r.servicesInNamespaceOf), watch.OnHub...)
 	}
 	return b.Complete(r)
 }
@@ -46,7 +47,7 @@ func (r *Reconciler) allServices(ctx context.Context, _ client.Object) []mcrecon
 	return r.servicesIn(ctx, "")
 }
 
-func (r *Reconciler) servicesOfPlacement(ctx context.Context, o client.Object) []mcreconcile.Request {
+func (r *Reconciler) servicesInNamespaceOf(ctx context.Context, o client.Object) []mcreconcile.Request {
 	return r.servicesIn(ctx, o.GetNamespace())
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -42,6 +43,12 @@ const (
 	ReasonOCMDecisionsUnavailable = "OCMDecisionsUnavailable"
 	// ReasonPlacementUnreadable: the InferencePlacements could not be read.
 	ReasonPlacementUnreadable = "PlacementUnreadable"
+	// ReasonNoClusterSetBinding: the hub requires ClusterSetBindings and
+	// the namespace has none.
+	ReasonNoClusterSetBinding = "NoClusterSetBinding"
+	// ReasonClusterSetBindingsUnreadable: the namespace's
+	// ClusterSetBindings could not be read.
+	ReasonClusterSetBindingsUnreadable = "ClusterSetBindingsUnreadable"
 )
 
 // For finds the one InferencePlacement of the service's namespace that
@@ -106,6 +113,9 @@ type Fleet struct {
 	// ClusterTimeout bounds each cluster's capacity read (none when zero):
 	// a cluster that hangs reads as one without a report.
 	ClusterTimeout time.Duration
+	// RequireClusterSetBinding limits each namespace to the clusters of
+	// the sets its ClusterSetBindings bind.
+	RequireClusterSetBinding bool
 }
 
 // Inputs gathers the request and the clusters of a decision for svc under
@@ -136,11 +146,36 @@ func Inputs(ctx context.Context, hub client.Reader, pl *fleetv1alpha1.InferenceP
 			Healthy: ok, Stuck: slices.Contains(f.Stuck, c.Name), Capacity: capacities[i], Current: f.Held[c.Name]})
 	}
 	req := Request{Spec: pl.Spec, Replicas: ptr.Deref(svc.Spec.Replicas, 1), Need: NeedOf(svc, pl.Spec.Accelerator)}
+	if f.RequireClusterSetBinding {
+		var err error
+		if req.BoundSets, err = BoundSets(ctx, hub, pl.Namespace); err != nil {
+			return req, out, requeue, err
+		}
+	}
 	var err error
 	if ref := pl.Spec.Clusters.OCMPlacement; ref != nil {
 		req.OCMDecided, err = OCMDecided(ctx, hub, pl.Namespace, ref.Name)
 	}
 	return req, out, requeue, err
+}
+
+// ErrBindingsUnreadable wraps a failure to list a namespace's
+// ClusterSetBindings: without them the hub cannot tell where the namespace
+// may place, so it decides nothing.
+var ErrBindingsUnreadable = errors.New("the namespace's ClusterSetBindings cannot be read")
+
+// BoundSets are the cluster sets the ClusterSetBindings of ns bind (empty,
+// not nil, when there are none).
+func BoundSets(ctx context.Context, hub client.Reader, ns string) (map[string]bool, error) {
+	var list fleetv1alpha1.ClusterSetBindingList
+	if err := hub.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBindingsUnreadable, err)
+	}
+	out := map[string]bool{}
+	for _, b := range list.Items {
+		out[b.Spec.ClusterSet] = true
+	}
+	return out, nil
 }
 
 // NeedOf derives what one replica needs from the service's pod templates:

@@ -69,6 +69,9 @@ type Request struct {
 	Need     Need
 	// OCMDecided, when not nil, is the set an OCM Placement decided.
 	OCMDecided map[string]bool
+	// BoundSets, when not nil, are the cluster sets bound to the service's
+	// namespace: only their clusters are eligible.
+	BoundSets map[string]bool
 }
 
 // Decision is where a service runs.
@@ -173,6 +176,8 @@ func eligible(req Request, clusters []Cluster) ([]candidate, []v1alpha2.Excluded
 		switch {
 		case len(aff.Names) > 0 && !slices.Contains(aff.Names, c.Name):
 			continue // never asked for: not worth a mention
+		case req.BoundSets != nil && !fleetv1alpha1.InBoundSet(req.BoundSets, c.Labels):
+			why = notBound(req.BoundSets, c.Labels)
 		case req.OCMDecided != nil && !req.OCMDecided[c.Name]:
 			why = "not decided by the OCM Placement"
 		case sel != nil && !sel.Matches(labels.Set(c.Labels)):
@@ -197,6 +202,17 @@ func eligible(req Request, clusters []Cluster) ([]candidate, []v1alpha2.Excluded
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	sort.Slice(excluded, func(i, j int) bool { return excluded[i].Name < excluded[j].Name })
 	return out, excluded, nil
+}
+
+// notBound says why a cluster's set does not admit the namespace.
+func notBound(bound map[string]bool, clusterLabels map[string]string) string {
+	if len(bound) == 0 {
+		return "the namespace has no ClusterSetBinding"
+	}
+	if set := clusterLabels[fleetv1alpha1.ClusterSetLabel]; set != "" {
+		return fmt.Sprintf("cluster set %q is not bound to the namespace", set)
+	}
+	return "in no cluster set, and the namespace does not bind \"" + fleetv1alpha1.GlobalClusterSet + "\""
 }
 
 // roomFor is how many more replicas fit on c, counting the service's own

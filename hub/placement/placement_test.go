@@ -245,3 +245,39 @@ func TestCapacityNeverEvictsRunningReplicas(t *testing.T) {
 		})
 	}
 }
+
+func TestClusterSetBindingsLimitTheClusters(t *testing.T) {
+	h100 := Need{Product: "H100", PerPod: 1, Pods: 1}
+	inSet := func(c Cluster, set string) Cluster {
+		c.Labels = map[string]string{"name": c.Name, fleetv1alpha1.ClusterSetLabel: set}
+		return c
+	}
+	fleet := []Cluster{inSet(gpuCluster("east", "H100", 8), "us"), inSet(gpuCluster("west", "H100", 8), "us"),
+		inSet(gpuCluster("eu", "H100", 8), "eu"), gpuCluster("lab", "H100", 8)}
+	cases := []struct {
+		name    string
+		bound   map[string]bool
+		want    string
+		because string
+	}{
+		{"bindings not required: every cluster", nil, "east=1,eu=1,lab=1,west=1", ""},
+		{"no binding: no cluster", map[string]bool{}, " unplaced=1", "east (the namespace has no ClusterSetBinding)"},
+		{"a set bound: its clusters", map[string]bool{"us": true}, "east=1,west=1", `eu (cluster set "eu" is not bound to the namespace)`},
+		{"a cluster in no set needs global", map[string]bool{"us": true, "eu": true}, "east=1,eu=1,west=1", `lab (in no cluster set, and the namespace does not bind "global")`},
+		{"global: every cluster", map[string]bool{"global": true}, "east=1,eu=1,lab=1,west=1", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d, err := Decide(Request{Spec: spec(fleetv1alpha1.Duplicated), Replicas: 1, Need: h100, BoundSets: c.bound}, fleet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := summary(d); got != c.want {
+				t.Errorf("got %s, want %s (%s)", got, c.want, d.Message)
+			}
+			if c.because != "" && !strings.Contains(d.Message, c.because) {
+				t.Errorf("message %q does not say %q", d.Message, c.because)
+			}
+		})
+	}
+}

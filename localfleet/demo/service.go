@@ -67,10 +67,17 @@ func placement(svc *v1alpha2.LLMInferenceService, replicas int32) *fleetv1alpha1
 	}
 }
 
-// apply creates the namespace, the placement and the service on the hub.
+// apply creates the namespace with a binding to every cluster, the
+// placement and the service on the hub.
 func apply(ctx context.Context, f *fleet.Fleet, svc *v1alpha2.LLMInferenceService, p *fleetv1alpha1.InferencePlacement) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
-	for _, o := range []client.Object{ns, p, svc} {
+	if err := f.Hub.Client.Create(ctx, ns); err != nil {
+		return fmt.Errorf("create namespace %s: %w", namespace, err)
+	}
+	if err := fleet.BindEveryCluster(ctx, f.Hub.Client, namespace); err != nil {
+		return err
+	}
+	for _, o := range []client.Object{p, svc} {
 		if err := f.Hub.Client.Create(ctx, o); err != nil {
 			return fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
 		}

@@ -231,7 +231,7 @@ func Start(ctx context.Context, opts Options) (f *Fleet, err error) {
 	f.Spokes = make([]*Cluster, len(opts.Spokes))
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		c, err := f.startCluster(gctx, "hub", -1, hubCRDs)
+		c, err := f.startCluster(gctx, HubName, -1, hubCRDs)
 		f.Hub = c
 		return err
 	})
@@ -350,7 +350,7 @@ func (f *Fleet) StartupSummary() string {
 }
 
 func validate(spokes []SpokeSpec, first int) error {
-	seen := map[string]bool{"hub": true}
+	seen := map[string]bool{HubName: true}
 	for _, s := range spokes {
 		if s.Name == "" || seen[s.Name] {
 			return fmt.Errorf("spoke name %q is empty or not unique (\"hub\" is taken)", s.Name)
