@@ -1,6 +1,7 @@
 // Package export is the export controller of the GIE multi-cluster
-// proposal, run by the hub: an InferencePool that a cluster exports (the
-// annotation inference.networking.x-k8s.io/export: ClusterSet) gets an
+// proposal, run by the hub: an InferencePool of a copy the hub placed that
+// its cluster exports (the annotation
+// inference.networking.x-k8s.io/export: ClusterSet) gets an
 // Exported parent entry in its status, and every member cluster gets an
 // InferencePoolImport of the same namespace and name listing the exporting
 // clusters. When no cluster exports a pool any more, its imports are
@@ -33,6 +34,7 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -85,6 +87,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		if p.Annotations[fleetv1alpha1.ExportAnnotation] != fleetv1alpha1.ExportClusterSet || !p.DeletionTimestamp.IsZero() {
 			continue
 		}
+		placed, err := r.placedHere(ctx, c.Client, p)
+		if err != nil {
+			unread[c.Name] = true
+			errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
+			continue
+		}
+		if !placed {
+			continue
+		}
 		exporting = append(exporting, c.Name)
 		if c.Available() {
 			if err := markExported(ctx, c.Client, p); err != nil {
@@ -113,6 +124,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 		importedPools.DeleteLabelValues(req.Namespace, req.Name)
 	}
 	return ctrl.Result{}, errors.Join(errs...)
+}
+
+// placedHere reports whether the pool belongs to a copy this hub placed:
+// only those are exported. An export annotation on any other pool (a
+// tenant's own service in the spoke, a second hub's copy) would make this
+// hub write imports, and their namespaces, into every cluster.
+func (r *Reconciler) placedHere(ctx context.Context, c client.Client, p *igwapiv1.InferencePool) (bool, error) {
+	owner := metav1.GetControllerOf(p)
+	if owner == nil || owner.Kind != "LLMInferenceService" || owner.APIVersion != v1alpha2.GroupVersion.String() {
+		return false, nil
+	}
+	svc := &v1alpha2.LLMInferenceService{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: owner.Name}, svc); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return svc.UID == owner.UID && fleetv1alpha1.IsOwnedByHub(svc, r.HubID), nil
 }
 
 // markExported sets the hub's parent entry on the pool: a parent of kind

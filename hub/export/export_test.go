@@ -29,6 +29,10 @@ func TestAPoolExportedInOneClusterIsImportedIntoEveryAvailableCluster(t *testing
 	deleting.Finalizers, deleting.DeletionTimestamp = []string{"example.net/hold"}, ptr.To(metav1.Unix(1, 0))
 	otherValue := pool()
 	otherValue.Annotations = map[string]string{igwapixv1alpha1.ExportAnnotationKey: "Local"}
+	otherHubs := placedCopy()
+	fleetv1alpha1.MarkOwnedByHub(otherHubs, "another-hub")
+	recreated := placedCopy()
+	recreated.UID = "uid-of-a-new-copy"
 
 	for _, tc := range []struct {
 		name   string
@@ -64,6 +68,15 @@ func TestAPoolExportedInOneClusterIsImportedIntoEveryAvailableCluster(t *testing
 	}, {
 		name:   "a pool being deleted is not exported",
 		spokes: []*spoke{member("a", deleting), member("b")},
+	}, {
+		name:   "a pool of the spoke's own service is not exported",
+		spokes: []*spoke{member("a", foreignExportedPool()), member("b")},
+	}, {
+		name:   "a pool of another hub's copy is not exported",
+		spokes: []*spoke{{name: "a", objs: []client.Object{exportedPool(), otherHubs}}, member("b")},
+	}, {
+		name:   "a pool whose owner is another object of the copy's name is not exported",
+		spokes: []*spoke{{name: "a", objs: []client.Object{exportedPool(), recreated}}, member("b")},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFleet(t, tc.spokes...)
@@ -301,7 +314,7 @@ func TestAnExporterWhosePoolCannotBeReadStaysImported(t *testing.T) {
 			for _, n := range []string{"a", "b", "c"} {
 				s := member(n)
 				if slices.Contains(tc.exporters, n) {
-					s.objs = append(s.objs, exportedPool())
+					s.objs = append(s.objs, exportedPool(), placedCopy())
 				}
 				spokes = append(spokes, s)
 			}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -23,6 +24,7 @@ import (
 	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
@@ -44,6 +46,7 @@ func init() {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(igwapiv1.Install(scheme))
 	utilruntime.Must(igwapixv1alpha1.Install(scheme))
+	utilruntime.Must(v1alpha2.AddToScheme(scheme))
 }
 
 // clusters is a fixed inventory.
@@ -65,11 +68,25 @@ type spoke struct {
 }
 
 // member is an available cluster holding objs.
-func member(name string, objs ...client.Object) *spoke { return &spoke{name: name, objs: objs} }
+// An exported pool comes with the hub's copy that owns it, as the spoke
+// makes it.
+func member(name string, objs ...client.Object) *spoke {
+	return &spoke{name: name, objs: withOwners(objs)}
+}
+
+// withOwners adds to objs the copy each exportedPool among them belongs to.
+func withOwners(objs []client.Object) []client.Object {
+	for _, o := range objs {
+		if owner := metav1.GetControllerOf(o); owner != nil && owner.UID == placedCopyUID {
+			return append(objs, placedCopy())
+		}
+	}
+	return objs
+}
 
 // unavailable is a cluster the hub cannot reach, holding objs in its cache.
 func unavailable(name string, objs ...client.Object) *spoke {
-	return &spoke{name: name, objs: objs, down: true}
+	return &spoke{name: name, objs: withOwners(objs), down: true}
 }
 
 // interceptors record the hub's writes and fail its pool reads while the
@@ -248,11 +265,29 @@ func exportedGauge(t *testing.T) (float64, bool) {
 	return 0, false
 }
 
-// exportedPool is a pool its cluster exports to the ClusterSet.
+// exportedPool is the pool of a copy the hub placed, which its cluster
+// exports to the ClusterSet.
 func exportedPool() *igwapiv1.InferencePool {
+	p := foreignExportedPool()
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1alpha2.GroupVersion.String(), Kind: "LLMInferenceService",
+		Name: placedCopy().Name, UID: placedCopyUID, Controller: ptr.To(true)}}
+	return p
+}
+
+// foreignExportedPool is an exported pool of no copy of the hub's.
+func foreignExportedPool() *igwapiv1.InferencePool {
 	p := pool()
 	p.Annotations = map[string]string{igwapixv1alpha1.ExportAnnotationKey: igwapixv1alpha1.ExportAnnotationVal}
 	return p
+}
+
+const placedCopyUID = "uid-placed-copy"
+
+// placedCopy is the hub's copy of a service whose pool is exportedPool.
+func placedCopy() *v1alpha2.LLMInferenceService {
+	cp := &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama", UID: placedCopyUID}}
+	fleetv1alpha1.MarkOwnedByHub(cp, testHubID)
+	return cp
 }
 
 // pool is a pool its cluster does not export.
