@@ -272,3 +272,43 @@ func TestUpdateCodecBoundsAPeersRate(t *testing.T) {
 	}
 	t.Fatal("100 messages at once read at 10 a second")
 }
+
+// A peer that pings in a loop is answered RESOURCE_EXHAUSTED past a burst,
+// and its pings are counted as refused; pings at the picker's interval
+// never are.
+func TestAPeerThatPingsInALoopIsRefused(t *testing.T) {
+	p := newFederatedPair(t)
+	conn, err := grpc.NewClient("passthrough:///"+p.west.addr, grpc.WithTransportCredentials(grpccreds.NewTLS(p.east.creds.ClientConfig(p.west.identity))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c := federationv1.NewFederationClient(conn)
+	for i := range 5 {
+		if _, err := c.Ping(t.Context(), &federationv1.PingRequest{}); err != nil {
+			t.Fatalf("ping %d at a normal pace: %v", i, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	before := testutil.ToFloat64(refused.WithLabelValues("pings-too-often"))
+	ok, exhausted := 0, 0
+	began := time.Now()
+	for range 200 {
+		_, err := c.Ping(t.Context(), &federationv1.PingRequest{})
+		switch status.Code(err) {
+		case codes.OK:
+			ok++
+		case codes.ResourceExhausted:
+			exhausted++
+		default:
+			t.Fatalf("ping: %v", err)
+		}
+	}
+	// The burst, what refills meanwhile, and east's own picker's pings.
+	if bound := pingBurst + int(time.Since(began).Seconds()*pingsPerSecond) + 2; ok > bound || exhausted == 0 {
+		t.Errorf("%d of 200 pings in a loop answered (bound %d), %d refused", ok, bound, exhausted)
+	}
+	if d := testutil.ToFloat64(refused.WithLabelValues("pings-too-often")) - before; int(d) != exhausted {
+		t.Errorf("%v pings counted as refused, %d were", d, exhausted)
+	}
+}

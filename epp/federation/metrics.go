@@ -50,7 +50,7 @@ var (
 	}, []string{"reason"})
 	refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_refused_total",
-		Help: "Subscriptions this EPP refused or ended, by reason (unknown-identity, wrong-pool; replaced: a newer stream of the same peer came; too-often: the peer opens more than a stream a second, in bursts of 4; deauthorized: the peer left the directory or its certificate no longer verifies).",
+		Help: "Subscriptions and pings this EPP refused or ended, by reason (unknown-identity, wrong-pool; replaced: a newer stream of the same peer came; too-often: the peer opens more than 5 streams a second to the pool, in bursts of 20; pings-too-often: more than 20 pings a second, in bursts of 40; deauthorized: the peer left the directory or its certificate no longer verifies).",
 	}, []string{"reason"})
 )
 

@@ -72,8 +72,9 @@ type Publisher struct {
 	last map[uint32]*sentEndpoint
 	// byCluster is each peer's one open stream.
 	byCluster map[string]*subscription
-	// opened bounds how often each peer may open a stream.
-	opened map[string]*rate.Limiter
+	// opened bounds how often each peer may open a stream, pinged how
+	// often it may ping.
+	opened, pinged map[string]*rate.Limiter
 	// bytes is the encoded size of last's endpoints in a snapshot.
 	bytes int
 	// withheld are the local endpoints left out of what is published, and
@@ -136,7 +137,7 @@ func NewPublisher(opts PublisherOptions) *Publisher {
 	}
 	return &Publisher{opts: opts, ids: map[types.NamespacedName]uint32{}, withheld: map[types.NamespacedName]*fwkdl.EndpointMetadata{},
 		last: map[uint32]*sentEndpoint{}, subs: map[*subscription]struct{}{}, byCluster: map[string]*subscription{},
-		opened: map[string]*rate.Limiter{}}
+		opened: map[string]*rate.Limiter{}, pinged: map[string]*rate.Limiter{}}
 }
 
 // Run compares local state every interval and publishes changes until ctx ends.
@@ -338,15 +339,31 @@ const (
 	streamBurst      = 20
 )
 
+// Pings a peer cluster may send: its pickers ping every
+// --federation-ping-interval (500 ms by default), one per pool they
+// subscribe to, so twenty a second in bursts of forty leaves room for
+// several pools and for a shorter interval, and bounds a peer that pings in
+// a loop to a few microseconds of work a second.
+const (
+	pingsPerSecond = 20
+	pingBurst      = 40
+)
+
 // mayOpen reports whether cluster may open a stream now.
 func (p *Publisher) mayOpen(cluster string) bool {
+	return p.allow(p.opened, cluster, streamsPerSecond, streamBurst)
+}
+
+// allow takes a token from cluster's limiter in limiters, made with limit
+// and burst on first use. Peers come from the directory (MaxPeers), so the
+// maps are bounded.
+func (p *Publisher) allow(limiters map[string]*rate.Limiter, cluster string, limit rate.Limit, burst int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	l := p.opened[cluster]
+	l := limiters[cluster]
 	if l == nil {
-		// Peers come from the directory (MaxPeers), so this map is bounded.
-		l = rate.NewLimiter(streamsPerSecond, streamBurst)
-		p.opened[cluster] = l
+		l = rate.NewLimiter(limit, burst)
+		limiters[cluster] = l
 	}
 	return l.Allow()
 }
@@ -498,8 +515,13 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 // Ping answers peers' round-trip probes (see Subscriber). Only peers in
 // the directory are answered, as for Subscribe.
 func (p *Publisher) Ping(ctx context.Context, _ *federationv1.PingRequest) (*federationv1.PingReply, error) {
-	if _, _, ok := p.authorize(ctx); !ok {
+	cluster, _, ok := p.authorize(ctx)
+	if !ok {
 		return nil, status.Error(codes.PermissionDenied, "client identity is not a peer in the peer directory")
+	}
+	if !p.allow(p.pinged, cluster, pingsPerSecond, pingBurst) {
+		refused.WithLabelValues("pings-too-often").Inc()
+		return nil, status.Error(codes.ResourceExhausted, "this peer pings too often; keep to --federation-ping-interval")
 	}
 	return &federationv1.PingReply{}, nil
 }
