@@ -258,14 +258,19 @@ func TestFaultHubLeaderKilledDuringMoves(t *testing.T) {
 	// lasts a pod's start-up. So a drop counts when two samples in a row
 	// show it.
 	minReady, minSample, sampled, last := 2, 2, 0, 2
+	var drops []string // the samples that showed a drop, with when and where
+	began := time.Now()
 	sampling, stopSampling := context.WithCancel(context.Background())
 	sampler := make(chan struct{})
 	go func() {
 		defer close(sampler)
 		for sampling.Err() == nil {
 			ctx, cancel := context.WithTimeout(sampling, 5*time.Second)
-			if n, err := fleetReadyPods(ctx, ns, name); err == nil {
+			if n, by, err := fleetReadyPods(ctx, ns, name); err == nil {
 				minReady, minSample, sampled, last = min(minReady, max(n, last)), min(minSample, n), sampled+1, n
+				if n < 2 && len(drops) < 20 {
+					drops = append(drops, fmt.Sprintf("%.1fs: %s", time.Since(began).Seconds(), split(by)))
+				}
 			}
 			cancel()
 			select {
@@ -295,6 +300,7 @@ func TestFaultHubLeaderKilledDuringMoves(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("%.1fs: moving to %s, leader killed", killed.Sub(began).Seconds(), to)
 		if _, err := fl.HubLeader(context.Background(), 60*time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -309,7 +315,7 @@ func TestFaultHubLeaderKilledDuringMoves(t *testing.T) {
 	reportFault("hub-leader-killed", "%d leader kills during moves; each move complete within %.1f s of the new leader (mean takeover %.1f s); min %d ready model servers of 2 in two samples in a row, %d in one (%d samples); through east: %s; %d east pods replaced",
 		kills, worst.Seconds(), (takeovers / time.Duration(kills)).Seconds(), minReady, minSample, sampled, seen, len(replaced))
 	if minReady < 2 {
-		t.Errorf("ready model servers dropped to %d, below the placement's 2", minReady)
+		t.Errorf("ready model servers dropped to %d, below the placement's 2; samples below 2 (ready pods by cluster): %v", minReady, drops)
 	}
 	if seen.Failed > 0 {
 		t.Errorf("%s", seen)

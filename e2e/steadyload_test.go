@@ -192,18 +192,21 @@ func reportFault(name, format string, args ...any) {
 }
 
 // fleetReadyPods counts the Ready model-server pods of the service across
-// the running spokes.
-func fleetReadyPods(ctx context.Context, ns, name string) (int, error) {
-	n := 0
+// the running spokes, in all and by cluster.
+func fleetReadyPods(ctx context.Context, ns, name string) (int, map[string]int32, error) {
+	n, by := 0, map[string]int32{}
 	for _, s := range fl.Spokes {
 		if !s.Running() {
 			continue
 		}
 		ready, err := readyPods(ctx, s, ns, name)
 		if err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 		n += len(ready)
+		if len(ready) > 0 {
+			by[s.Name()] = int32(len(ready))
+		}
 	}
-	return n, nil
+	return n, by, nil
 }
