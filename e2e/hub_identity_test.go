@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,14 +33,17 @@ import (
 func TestASecondHubOnTheSameSpokesLeavesTheFirstHubsCopiesAlone(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t, fl.Hub)
-	place(t, gpuService(ns, "first-hubs", 1, 1), fleetv1alpha1.InferencePlacementSpec{
-		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east"}}})
+	place(t, routedService(ns, "first-hubs", 1), fleetv1alpha1.InferencePlacementSpec{
+		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east"}}, Federation: noFederation})
 	hubReady(t, ns, "first-hubs", "east=1", 120*time.Second)
 	east := fl.Spoke("east")
+	load := startLoad(t, ns, "first-hubs", loadRate, 5*time.Minute, "east")
+	pods := podUIDs(t, ns, "first-hubs")
 	before := copiesIn(t, east, ns)
 	if len(before) == 0 {
 		t.Fatal("no copy of the first hub's service in east")
 	}
+	since := time.Now()
 
 	second := startSecondHub(t)
 	testutil.Eventually(t, 60*time.Second, "the second hub sees every spoke", func(ctx context.Context) error {
@@ -70,6 +74,27 @@ func TestASecondHubOnTheSameSpokesLeavesTheFirstHubsCopiesAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	hubReady(t, ns, "first-hubs", "east=1", 10*time.Second)
+	seen := load.stop()
+	// Both hubs write as the hub's identity, and the first one, settled,
+	// writes nothing: any write in the namespace is the second hub's.
+	var writes []string
+	forEachHubWrite(t, since, func(cluster, verb, uri string, _ time.Time) {
+		if strings.Contains(uri, "/namespaces/"+ns+"/") {
+			writes = append(writes, cluster+": "+verb+" "+uri)
+		}
+	})
+	replaced := replacedPods(t, ns, "first-hubs", pods)
+	reportFault("second-hub", "a second hub with no services on the same spokes for %.0f s: %d hub writes in the first hub's namespace; %s; %d of %d pods replaced",
+		time.Since(since).Seconds(), len(writes), seen, len(replaced), len(pods))
+	if len(writes) > 0 {
+		t.Errorf("hub writes to the first hub's objects while the second hub ran: %v", writes)
+	}
+	if seen.Failed > 0 {
+		t.Errorf("%s", seen)
+	}
+	if len(replaced) > 0 {
+		t.Errorf("pods replaced: %v", replaced)
+	}
 }
 
 // copiesIn maps each hub-made service copy in the namespace to its

@@ -121,7 +121,8 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	local.GetLogger().Info("hub identity", "hubID", id)
 	inv := inventory.New(inventory.Options{Hub: local.GetClient(), HubReader: local.GetAPIReader(), Namespace: opts.Namespace,
 		ProbeInterval: opts.ProbeInterval, ProbeFailureThreshold: opts.ProbeFailureThreshold,
-		ProbeSuccessThreshold: opts.ProbeSuccessThreshold, Log: local.GetLogger().WithName("inventory")})
+		ProbeSuccessThreshold: opts.ProbeSuccessThreshold, EngageGrace: engageGrace(opts.ProbeInterval, opts.ProbeFailureThreshold),
+		Log: local.GetLogger().WithName("inventory")})
 	if err := mgr.Add(inv); err != nil {
 		return err
 	}
@@ -149,4 +150,16 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 		return err
 	}
 	return local.Add(r.OrphanCollector(opts.OrphanInterval))
+}
+
+// engageGrace is how long a new leader gives registered clusters to be
+// engaged before an earlier hub's record of their loss counts: twice what
+// declaring an engaged cluster lost takes (threshold failed probes), and at
+// least 5 s, which engaging a cluster (its caches synced) takes on a busy
+// hub.
+func engageGrace(probeInterval time.Duration, failureThreshold int) time.Duration {
+	if failureThreshold <= 0 {
+		failureThreshold = 3
+	}
+	return max(5*time.Second, 2*time.Duration(failureThreshold)*probeInterval)
 }

@@ -74,7 +74,15 @@ type Options struct {
 	// cluster that the probes found unavailable available again (2 when
 	// unset).
 	ProbeSuccessThreshold int
-	Log                   logr.Logger
+	// EngageGrace is how long after it begins to lead the hub gives a
+	// registered cluster to be engaged before it trusts an earlier hub's
+	// record of that cluster's loss (0: at once). A leader killed before
+	// it engaged a cluster leaves its presumption of a loss in the record;
+	// the next leader, which has not engaged the cluster yet either in its
+	// first moments, would otherwise take a healthy cluster as lost long
+	// ago and move its replicas away at once.
+	EngageGrace time.Duration
+	Log         logr.Logger
 }
 
 // Source lists the fleet's clusters, sorted by name, each with its clients
@@ -203,12 +211,21 @@ func (i *Inventory) Start(ctx context.Context) error {
 	i.startedAt()
 	t := time.NewTicker(i.opts.ProbeInterval)
 	defer t.Stop()
+	graceEnd := time.After(i.opts.EngageGrace)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 			i.probeAll(ctx)
+		case <-graceEnd:
+			// Registered's verdict on the clusters still not engaged
+			// changes now: have the services decided again.
+			for _, c := range i.Registered().Clusters(ctx) {
+				if !c.Available() {
+					i.notify(c.Name)
+				}
+			}
 		}
 	}
 }
@@ -462,7 +479,8 @@ func (i *Inventory) Clusters(ctx context.Context) []Cluster {
 // as if it had left the fleet and move its replicas at once. Registered
 // lists it unavailable since its recorded loss instead (since the hub
 // began to lead when nothing is recorded, and then records that), so failover
-// waits for the placement's toleration. Unengaged clusters have no
+// waits for the placement's toleration; during the first EngageGrace of
+// leading, since the hub began to lead, whatever is recorded. Unengaged clusters have no
 // clients: read them only when Available.
 func (i *Inventory) Registered() Source { return registeredSource{i} }
 
@@ -475,9 +493,15 @@ func (r registeredSource) Clusters(ctx context.Context) []Cluster {
 		if slices.ContainsFunc(out, func(c Cluster) bool { return c.Name == name }) {
 			continue
 		}
+		started := r.inv.startedAt()
 		since := r.inv.record.since(ctx, name)
-		if since.IsZero() {
-			since = r.inv.startedAt()
+		switch {
+		case time.Since(started) < r.inv.opts.EngageGrace:
+			// Not yet engaged may mean not yet reached: what an earlier
+			// hub recorded counts once the grace is over.
+			since = started
+		case since.IsZero():
+			since = started
 			r.inv.record.save(ctx, name, since)
 		}
 		lbls, props := r.inv.describe(ctx, name)

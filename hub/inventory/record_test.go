@@ -185,3 +185,46 @@ func TestARegisteredClusterNotEngagedIsUnavailableSinceItsRecordedLoss(t *testin
 		t.Errorf("recorded %q for unrecorded, want the hub's start", got)
 	}
 }
+
+// A hub that began to lead moments ago trusts no recorded loss of a cluster
+// it has not engaged yet (the record may be a presumption left by a leader
+// killed before it engaged the cluster): within EngageGrace the cluster is
+// unavailable only since this hub began to lead, and nothing is recorded;
+// when the grace ends, the services are told to decide again, and the
+// recorded loss counts.
+func TestANewLeaderTrustsARecordedLossOnlyAfterItsEngageGrace(t *testing.T) {
+	const grace = 300 * time.Millisecond
+	lost := time.Now().Add(-time.Hour).Truncate(time.Second)
+	hub := fake.NewClientBuilder().WithScheme(newScheme(t)).WithObjects(
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: "slow",
+			Labels: map[string]string{kubeconfig.DefaultKubeconfigSecretLabel: "true"}}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: RecordName},
+			Data: map[string]string{"slow": lost.UTC().Format(time.RFC3339)}}).Build()
+	inv := New(Options{Hub: hub, Namespace: registrations, ProbeInterval: time.Hour, EngageGrace: grace, Log: testr.New(t)})
+	changes := inv.Subscribe(4)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = inv.Start(ctx) }()
+
+	sinceOf := func() time.Time {
+		got := inv.Registered().Clusters(context.Background())
+		if len(got) != 1 || got[0].Available() {
+			t.Fatalf("Registered lists %+v, want slow, unavailable", got)
+		}
+		return got[0].UnavailableSince
+	}
+	if since := sinceOf(); !since.Equal(inv.startedAt()) {
+		t.Errorf("within the grace slow is unavailable since %s, want since the hub began to lead (%s), not the recorded %s", since, inv.startedAt(), lost)
+	}
+	select {
+	case name := <-changes:
+		if name != "slow" {
+			t.Errorf("notified about %s at the grace's end, want slow", name)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no notification when the grace ended")
+	}
+	if since := sinceOf(); !since.Equal(lost) {
+		t.Errorf("after the grace slow is unavailable since %s, want the recorded loss %s", since, lost)
+	}
+}
