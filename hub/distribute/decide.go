@@ -109,8 +109,15 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	}
 	held := map[string]int32{}
 	for name, o := range copies {
-		if o.ours {
+		switch {
+		case o.ours:
 			held[name] = min(o.readyReplicas, o.replicas)
+		case o.err != nil:
+			// Unreadable (unreachable, or not engaged by a hub that just
+			// began to lead): its replicas are counted as it last ran
+			// them, so that an unknown capacity does not make the cluster
+			// ineligible within the toleration.
+			held[name] = current.want[name]
 		}
 	}
 	fleet := placement.Fleet{Clusters: clusters, Held: held, DefaultToleration: r.opts.DefaultToleration, Now: now,

@@ -10,12 +10,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -205,49 +207,68 @@ func (j joined) Clusters(ctx context.Context) []inventory.Cluster {
 // A hub that restarts (or a new leader) while a spoke is down never engages
 // that spoke, but the spoke is still registered: its replicas stay where
 // they are until the placement's toleration has passed since the loss an
-// earlier hub recorded, and move only then.
+// earlier hub recorded, and move only then. For a GPU model too, although
+// the hub cannot read the spoke's capacity report: the replicas it ran
+// count as its room (make chaos saw them move 34 s into a 60 s toleration).
 func TestARegisteredSpokeTheHubNeverEngagedKeepsItsReplicasThroughTheToleration(t *testing.T) {
 	const registrations, toleration, lostAgo = "fleet-system", time.Minute, 20 * time.Second
-	pl := placementOf(fleetv1alpha1.Weighted, "a", "b")
-	pl.Spec.Replicas.Weights = []fleetv1alpha1.ClusterWeight{{Cluster: "a", Weight: 1}, {Cluster: "b", Weight: 1}}
-	pl.Spec.Failover.TolerationSeconds = ptr.To(int32(toleration / time.Second))
-	f, advance := clockedFleet(t, []client.Object{service("llama", 2), pl,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: "b",
-			Labels: map[string]string{kubeconfig.DefaultKubeconfigSecretLabel: "true"}}},
-	}, map[string][]client.Object{"a": nil, "b": nil})
-	f.reconcile("llama")
-	f.markReady("a", "llama", 1)
-	f.markReady("b", "llama", 1)
-	f.reconcile("llama")
-	if cp := f.copyIn("a", "llama"); cp == nil || *cp.Spec.Replicas != 1 {
-		t.Fatalf("a's copy %v before the restart, want 1 replica", cp)
-	}
+	gpus := &fleetv1alpha1.ClusterCapacity{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.ClusterCapacityName},
+		Status: fleetv1alpha1.ClusterCapacityStatus{Accelerators: []fleetv1alpha1.AcceleratorCapacity{{
+			Product: "H100", Resource: "nvidia.com/gpu", Nodes: 1, Allocatable: 8, Free: 8, LargestFreeOnNode: 8,
+			FreeNodes: []fleetv1alpha1.FreeBucket{{Free: 8, Nodes: 1}}}}}}
+	gpuModel := service("llama", 2)
+	gpuModel.Spec.Template = &corev1.PodSpec{Containers: []corev1.Container{{Name: "main",
+		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}}
+	for _, tc := range []struct {
+		name string
+		svc  *v1alpha2.LLMInferenceService
+	}{
+		{"a CPU model", service("llama", 2)},
+		{"a GPU model, whose capacity the hub cannot read there", gpuModel},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pl := placementOf(fleetv1alpha1.Weighted, "a", "b")
+			pl.Spec.Replicas.Weights = []fleetv1alpha1.ClusterWeight{{Cluster: "a", Weight: 1}, {Cluster: "b", Weight: 1}}
+			pl.Spec.Failover.TolerationSeconds = ptr.To(int32(toleration / time.Second))
+			f, advance := clockedFleet(t, []client.Object{tc.svc, pl,
+				&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: "b",
+					Labels: map[string]string{kubeconfig.DefaultKubeconfigSecretLabel: "true"}}},
+			}, map[string][]client.Object{"a": {gpus.DeepCopy()}, "b": {gpus.DeepCopy()}})
+			f.reconcile("llama")
+			f.markReady("a", "llama", 1)
+			f.markReady("b", "llama", 1)
+			f.reconcile("llama")
+			if cp := f.copyIn("a", "llama"); cp == nil || *cp.Spec.Replicas != 1 {
+				t.Fatalf("a's copy %v before the restart, want 1 replica", cp)
+			}
 
-	// The new hub engages a only; an earlier hub recorded b lost lostAgo.
-	lost := f.r.timeNow().Add(-lostAgo).Truncate(time.Second)
-	if err := f.hub.Create(context.Background(), &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: inventory.RecordName},
-		Data:       map[string]string{"b": lost.UTC().Format(time.RFC3339)}}); err != nil {
-		t.Fatal(err)
-	}
-	f.r.clusters = joined{fixedClusters{{Name: "a", Client: f.spokes["a"], Reader: f.spokes["a"]}},
-		inventory.New(inventory.Options{Hub: f.hub, Namespace: registrations}).Registered()}
-	f.restartHub()
+			// The new hub engages a only; an earlier hub recorded b lost lostAgo.
+			lost := f.r.timeNow().Add(-lostAgo).Truncate(time.Second)
+			if err := f.hub.Create(context.Background(), &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: inventory.RecordName},
+				Data:       map[string]string{"b": lost.UTC().Format(time.RFC3339)}}); err != nil {
+				t.Fatal(err)
+			}
+			f.r.clusters = joined{fixedClusters{{Name: "a", Client: f.spokes["a"], Reader: f.spokes["a"]}},
+				inventory.New(inventory.Options{Hub: f.hub, Namespace: registrations}).Registered()}
+			f.restartHub()
 
-	f.reconcile("llama")
-	if e := entry(f.hubService("llama"), "b"); e == nil || e.DesiredReplicas != 1 {
-		t.Fatalf("b's entry %+v within the toleration, want it to keep its replica", e)
-	}
-	if cp := f.copyIn("a", "llama"); *cp.Spec.Replicas != 1 {
-		t.Fatalf("a's copy has %d replicas within the toleration, want 1: b's replica moved early", *cp.Spec.Replicas)
-	}
+			f.reconcile("llama")
+			if e := entry(f.hubService("llama"), "b"); e == nil || e.DesiredReplicas != 1 {
+				t.Fatalf("b's entry %+v within the toleration, want it to keep its replica", e)
+			}
+			if cp := f.copyIn("a", "llama"); *cp.Spec.Replicas != 1 {
+				t.Fatalf("a's copy has %d replicas within the toleration, want 1: b's replica moved early", *cp.Spec.Replicas)
+			}
 
-	advance(toleration - lostAgo + 2*time.Second)
-	f.reconcile("llama")
-	if e := entry(f.hubService("llama"), "b"); e != nil && e.DesiredReplicas != 0 {
-		t.Fatalf("b's entry %+v after the toleration, want its replica moved", e)
-	}
-	if cp := f.copyIn("a", "llama"); *cp.Spec.Replicas != 2 {
-		t.Fatalf("a's copy has %d replicas after the toleration, want 2", *cp.Spec.Replicas)
+			advance(toleration - lostAgo + 2*time.Second)
+			f.reconcile("llama")
+			if e := entry(f.hubService("llama"), "b"); e != nil && e.DesiredReplicas != 0 {
+				t.Fatalf("b's entry %+v after the toleration, want its replica moved", e)
+			}
+			if cp := f.copyIn("a", "llama"); *cp.Spec.Replicas != 2 {
+				t.Fatalf("a's copy has %d replicas after the toleration, want 2", *cp.Spec.Replicas)
+			}
+		})
 	}
 }
