@@ -56,6 +56,22 @@ type outcome struct {
 	staged rolloutPlan
 }
 
+// engagingRecheck is how soon a service whose decision waits for clusters
+// being engaged is looked at again, should no engagement notify it.
+const engagingRecheck = time.Second
+
+// engagingClusters names the clusters a new leader has not engaged yet
+// within its grace.
+func engagingClusters(clusters []inventory.Cluster) []string {
+	var out []string
+	for _, c := range clusters {
+		if c.Engaging {
+			out = append(out, c.Name)
+		}
+	}
+	return out
+}
+
 // failover is one cluster losing its replicas to others while unavailable.
 type failover struct {
 	cluster inventory.Cluster
@@ -106,6 +122,15 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	var previouslyStuck []v1alpha2.StuckCluster
 	if prev != nil {
 		previouslyStuck = prev.StuckClusters
+	}
+	if engaging := engagingClusters(clusters); prev != nil && len(engaging) > 0 {
+		// A hub that began to lead moments ago has not reached these
+		// clusters yet: their copies and capacity are unknown, and a
+		// decision without them could retire a copy elsewhere before
+		// theirs exists. The decision in force stays until they are
+		// engaged or the grace is over (the inventory says so).
+		return inForce(svc, pl, current, prev, stuck, current.message, outcome{requeue: engagingRecheck, readyTimeout: timeout,
+			stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, current.message)}), nil
 	}
 	held := map[string]int32{}
 	for name, o := range copies {

@@ -272,3 +272,58 @@ func TestARegisteredSpokeTheHubNeverEngagedKeepsItsReplicasThroughTheToleration(
 		})
 	}
 }
+
+// A new leader that has not yet engaged a cluster keeps the decision in
+// force: a move the placement asked for meanwhile (from c to b, b not yet
+// reached, so its capacity unknown) waits, and c's serving copy is not
+// retired on account of a decision made without b. Once b is engaged the
+// move goes ahead, make-before-break (make chaos saw a leader in its first
+// second delete the old copy of a move before the new one existed).
+func TestANewLeaderDecidesNothingWhileItIsStillEngagingClusters(t *testing.T) {
+	gpus := &fleetv1alpha1.ClusterCapacity{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.ClusterCapacityName},
+		Status: fleetv1alpha1.ClusterCapacityStatus{Accelerators: []fleetv1alpha1.AcceleratorCapacity{{
+			Product: "H100", Resource: "nvidia.com/gpu", Nodes: 1, Allocatable: 8, Free: 8, LargestFreeOnNode: 8,
+			FreeNodes: []fleetv1alpha1.FreeBucket{{Free: 8, Nodes: 1}}}}}}
+	svc := service("llama", 1)
+	svc.Spec.Template = &corev1.PodSpec{Containers: []corev1.Container{{Name: "main",
+		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}}
+	pl := placementOf(fleetv1alpha1.Duplicated, "a", "c")
+	f := newFleet(t, []client.Object{svc, pl},
+		map[string][]client.Object{"a": {gpus.DeepCopy()}, "b": {gpus.DeepCopy()}, "c": {gpus.DeepCopy()}})
+	f.reconcile("llama")
+	f.markReady("a", "llama", 1)
+	f.markReady("c", "llama", 1)
+	f.reconcile("llama")
+
+	// A new leader, b not engaged yet; the placement moves from c to b.
+	all := f.r.clusters.(fixedClusters)
+	engaging := fixedClusters{all[0], {Name: "b", UnavailableSince: time.Now(), Engaging: true,
+		Reason: "registered but not engaged"}, all[2]}
+	f.r.clusters = engaging
+	f.restartHub()
+	cur := &fleetv1alpha1.InferencePlacement{}
+	if err := f.hub.Get(context.Background(), client.ObjectKeyFromObject(pl), cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Clusters.Names = []string{"a", "b"}
+	cur.Generation++
+	if err := f.hub.Update(context.Background(), cur); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile("llama")
+	if f.copyIn("c", "llama") == nil {
+		t.Fatal("c's serving copy was deleted by a leader still engaging b")
+	}
+
+	// b engaged: the move goes ahead, c's copy stays until b's is Ready.
+	f.r.clusters = all
+	f.reconcile("llama")
+	if f.copyIn("b", "llama") == nil || f.copyIn("c", "llama") == nil {
+		t.Fatalf("after b engaged: copy in b %v, in c %v; want both until b's is Ready", f.copyIn("b", "llama") != nil, f.copyIn("c", "llama") != nil)
+	}
+	f.markReady("b", "llama", 1)
+	f.reconcile("llama")
+	if f.copyIn("c", "llama") != nil {
+		t.Error("c's copy stays after b's turned Ready")
+	}
+}

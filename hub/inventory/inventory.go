@@ -47,6 +47,10 @@ type Cluster struct {
 	// what the hub watches; Reader reads the API server directly.
 	Client client.Client
 	Reader client.Reader
+	// Engaging says the cluster is registered but not engaged by a hub that
+	// began to lead less than its EngageGrace ago: its copies and capacity
+	// are not known yet, not known to be lost.
+	Engaging bool
 }
 
 // Available reports whether the cluster is currently available.
@@ -495,8 +499,9 @@ func (r registeredSource) Clusters(ctx context.Context) []Cluster {
 		}
 		started := r.inv.startedAt()
 		since := r.inv.record.since(ctx, name)
+		engaging := time.Since(started) < r.inv.opts.EngageGrace
 		switch {
-		case time.Since(started) < r.inv.opts.EngageGrace:
+		case engaging:
 			// Not yet engaged may mean not yet reached: what an earlier
 			// hub recorded counts once the grace is over.
 			since = started
@@ -505,7 +510,7 @@ func (r registeredSource) Clusters(ctx context.Context) []Cluster {
 			r.inv.record.save(ctx, name, since)
 		}
 		lbls, props := r.inv.describe(ctx, name)
-		out = append(out, Cluster{Name: name, Labels: lbls, Properties: props, UnavailableSince: since,
+		out = append(out, Cluster{Name: name, Labels: lbls, Properties: props, UnavailableSince: since, Engaging: engaging,
 			Reason: "registered but not engaged: the hub has not reached its API server"})
 	}
 	if len(out) > engaged {
