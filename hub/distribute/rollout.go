@@ -90,7 +90,13 @@ func planRollout(ro fleetv1alpha1.Rollout, d decision, copies map[string]*observ
 			continue
 		}
 		if !sameVersion(o.obj, desired(name)) {
-			if o.ready {
+			// A copy that has been Ready at its generation serves the
+			// previous version even while its status flickers (a
+			// Deployment the controller has not observed yet): it waits
+			// for a slot. Only one that never turned Ready there is
+			// updated at once.
+			clock := clockOf(clocks, name)
+			if o.ready || (clock != nil && clock.Ready && clock.Generation == o.obj.Generation) {
 				outdated = append(outdated, name)
 			} else {
 				notReadyOutdated = append(notReadyOutdated, name)

@@ -219,3 +219,18 @@ func TestAStuckClusterStallsTheRolloutAfterItsReplicasMoved(t *testing.T) {
 		})
 	}
 }
+
+// A copy that has been Ready at its version and flickers not Ready just as
+// a change comes (its Deployment not yet observed by its controller) still
+// serves: it waits for its stage like the others instead of taking the
+// change at once (CI saw a bad change reach two clusters of a
+// one-cluster-per-stage rollout this way).
+func TestACopyFlickeringNotReadyWaitsForItsStage(t *testing.T) {
+	f, _ := runningEverywhere(t, progressive(fleetv1alpha1.RolloutProgressive))
+	f.markNotReady("b", "llama", 1, "Deployment llama-kserve: the controller has not observed generation 2 yet")
+	f.change(newModel)
+	f.reconcile("llama")
+	if got := f.models(); got != "a=v2,b=v1,c=v1" {
+		t.Errorf("copies %s after the change, want a=v2,b=v1,c=v1: b, Ready before, waits for its stage", got)
+	}
+}
