@@ -212,13 +212,8 @@ func (j joined) Clusters(ctx context.Context) []inventory.Cluster {
 // count as its room (make chaos saw them move 34 s into a 60 s toleration).
 func TestARegisteredSpokeTheHubNeverEngagedKeepsItsReplicasThroughTheToleration(t *testing.T) {
 	const registrations, toleration, lostAgo = "fleet-system", time.Minute, 20 * time.Second
-	gpus := &fleetv1alpha1.ClusterCapacity{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.ClusterCapacityName},
-		Status: fleetv1alpha1.ClusterCapacityStatus{Accelerators: []fleetv1alpha1.AcceleratorCapacity{{
-			Product: "H100", Resource: "nvidia.com/gpu", Nodes: 1, Allocatable: 8, Free: 8, LargestFreeOnNode: 8,
-			FreeNodes: []fleetv1alpha1.FreeBucket{{Free: 8, Nodes: 1}}}}}}
-	gpuModel := service("llama", 2)
-	gpuModel.Spec.Template = &corev1.PodSpec{Containers: []corev1.Container{{Name: "main",
-		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}}
+	gpus := eightH100s()
+	gpuModel := gpuService("llama", 2)
 	for _, tc := range []struct {
 		name string
 		svc  *v1alpha2.LLMInferenceService
@@ -280,13 +275,8 @@ func TestARegisteredSpokeTheHubNeverEngagedKeepsItsReplicasThroughTheToleration(
 // move goes ahead, make-before-break (make chaos saw a leader in its first
 // second delete the old copy of a move before the new one existed).
 func TestANewLeaderDecidesNothingWhileItIsStillEngagingClusters(t *testing.T) {
-	gpus := &fleetv1alpha1.ClusterCapacity{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.ClusterCapacityName},
-		Status: fleetv1alpha1.ClusterCapacityStatus{Accelerators: []fleetv1alpha1.AcceleratorCapacity{{
-			Product: "H100", Resource: "nvidia.com/gpu", Nodes: 1, Allocatable: 8, Free: 8, LargestFreeOnNode: 8,
-			FreeNodes: []fleetv1alpha1.FreeBucket{{Free: 8, Nodes: 1}}}}}}
-	svc := service("llama", 1)
-	svc.Spec.Template = &corev1.PodSpec{Containers: []corev1.Container{{Name: "main",
-		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}}
+	gpus := eightH100s()
+	svc := gpuService("llama", 1)
 	pl := placementOf(fleetv1alpha1.Duplicated, "a", "c")
 	f := newFleet(t, []client.Object{svc, pl},
 		map[string][]client.Object{"a": {gpus.DeepCopy()}, "b": {gpus.DeepCopy()}, "c": {gpus.DeepCopy()}})
@@ -326,4 +316,20 @@ func TestANewLeaderDecidesNothingWhileItIsStillEngagingClusters(t *testing.T) {
 	if f.copyIn("c", "llama") != nil {
 		t.Error("c's copy stays after b's turned Ready")
 	}
+}
+
+// eightH100s is a capacity report of one node with 8 free H100s.
+func eightH100s() *fleetv1alpha1.ClusterCapacity {
+	return &fleetv1alpha1.ClusterCapacity{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.ClusterCapacityName},
+		Status: fleetv1alpha1.ClusterCapacityStatus{Accelerators: []fleetv1alpha1.AcceleratorCapacity{{
+			Product: "H100", Resource: "nvidia.com/gpu", Nodes: 1, Allocatable: 8, Free: 8, LargestFreeOnNode: 8,
+			FreeNodes: []fleetv1alpha1.FreeBucket{{Free: 8, Nodes: 1}}}}}}
+}
+
+// gpuService is service with one GPU per replica.
+func gpuService(name string, replicas int32) *v1alpha2.LLMInferenceService {
+	svc := service(name, replicas)
+	svc.Spec.Template = &corev1.PodSpec{Containers: []corev1.Container{{Name: "main",
+		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}}
+	return svc
 }

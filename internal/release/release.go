@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -84,9 +85,9 @@ func Write(opts Options) (Artifacts, error) {
 	files := map[string][]byte{
 		fmt.Sprintf("%s-%s.tgz", chartName, strings.TrimPrefix(opts.Version, "v")): chart,
 		"hub.yaml": hub,
-		"images.txt": []byte(strings.Join(slices.Sorted(func(yield func(string) bool) {
-			for c, d := range pinned {
-				if !yield(ociimage.Reference(c, opts.Version) + "@" + d) {
+		"images.txt": []byte(strings.Join(slices.Collect(func(yield func(string) bool) {
+			for _, c := range slices.Sorted(maps.Keys(pinned)) {
+				if !yield(ociimage.Reference(c, opts.Version) + "@" + pinned[c]) {
 					return
 				}
 			}
@@ -100,13 +101,7 @@ func Write(opts Options) (Artifacts, error) {
 		}
 	}
 	var sums bytes.Buffer
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for n := range files {
-			if !yield(n) {
-				return
-			}
-		}
-	}) {
+	for _, name := range slices.Sorted(maps.Keys(files)) {
 		mode := os.FileMode(0o644)
 		if strings.HasSuffix(name, ".sh") {
 			mode = 0o755
