@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
@@ -13,8 +14,9 @@ import (
 )
 
 // WaitPlaceable waits until the hub can place on every spoke: the hub has
-// engaged the spoke and finds it available, and the spoke's controller has
-// reported its GPU capacity. A service applied before that is placed on the
+// engaged the spoke and finds it available, the spoke's controller has
+// reported its GPU capacity, and the hub's MemberCluster for it (what
+// `kubectl get memberclusters` shows) says Available. A service applied before that is placed on the
 // clusters that happen to be ready and moved when the others arrive.
 func (f *Fleet) WaitPlaceable(ctx context.Context, timeout time.Duration) error {
 	if f.Hub.ControllerMetrics == "" {
@@ -49,6 +51,12 @@ func (f *Fleet) notPlaceable(ctx context.Context) []string {
 		cc := &fleetv1alpha1.ClusterCapacity{}
 		if err := s.Client.Get(ctx, client.ObjectKey{Name: fleetv1alpha1.ClusterCapacityName}, cc); err != nil || cc.Status.Nodes == 0 {
 			missing = append(missing, s.Name()+": no capacity report")
+			continue
+		}
+		mc := &fleetv1alpha1.MemberCluster{}
+		if err := f.Hub.Client.Get(ctx, client.ObjectKey{Name: s.Name()}, mc); err != nil ||
+			!meta.IsStatusConditionTrue(mc.Status.Conditions, fleetv1alpha1.MemberClusterAvailable) {
+			missing = append(missing, s.Name()+": its MemberCluster is not Available")
 		}
 	}
 	return missing
