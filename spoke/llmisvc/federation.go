@@ -8,8 +8,11 @@ import (
 	"strconv"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubectl/pkg/util/podutils"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -125,11 +128,53 @@ func (r *Reconciler) pickerFederationAddress(ctx context.Context, svc *v1alpha2.
 	if r.pickers == nil {
 		return "", nil
 	}
-	var pods corev1.PodList
-	if err := r.pickers.List(ctx, &pods, client.InNamespace(svc.Namespace), client.MatchingLabels(pickerLabels(svc))); err != nil {
+	pods, err := r.pickerPods(ctx, svc)
+	if err != nil {
 		return "", err
 	}
-	return pickerAddress(pods.Items), nil
+	return pickerAddress(pods), nil
+}
+
+// pickerPods are the pods of the picker Deployment svc controls, found by
+// ownership: pod → ReplicaSet → Deployment, each a controller reference by
+// UID. Labels only narrow the search: anyone who may create pods in the
+// namespace can copy the picker's labels onto a ready pod, and the address
+// published from it would steer other clusters' spilled requests.
+func (r *Reconciler) pickerPods(ctx context.Context, svc *v1alpha2.LLMInferenceService) ([]corev1.Pod, error) {
+	dep := &appsv1.Deployment{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: svc.Namespace, Name: schedulerName(svc)}, dep); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(dep, svc) {
+		return nil, nil
+	}
+	sel := []client.ListOption{client.InNamespace(svc.Namespace), client.MatchingLabels(pickerLabels(svc))}
+	var sets appsv1.ReplicaSetList
+	if err := r.pickers.List(ctx, &sets, sel...); err != nil {
+		return nil, err
+	}
+	var pods corev1.PodList
+	if err := r.pickers.List(ctx, &pods, sel...); err != nil {
+		return nil, err
+	}
+	return ownedPods(dep, sets.Items, pods.Items), nil
+}
+
+// ownedPods are the pods controlled by a ReplicaSet that dep controls.
+func ownedPods(dep *appsv1.Deployment, sets []appsv1.ReplicaSet, pods []corev1.Pod) []corev1.Pod {
+	owned := map[types.UID]bool{}
+	for i := range sets {
+		if metav1.IsControlledBy(&sets[i], dep) {
+			owned[sets[i].UID] = true
+		}
+	}
+	var out []corev1.Pod
+	for _, p := range pods {
+		if ref := metav1.GetControllerOf(&p); ref != nil && owned[ref.UID] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // peerGateway is the Gateway that receives the service's requests from
@@ -168,12 +213,12 @@ func gatewayAddress(gw *gwapiv1.Gateway) string {
 	return net.JoinHostPort(gw.Status.Addresses[0].Value, strconv.Itoa(int(gw.Spec.Listeners[0].Port)))
 }
 
-// watchPickers gives the controller a cache of endpoint-picker pods, which
-// reportFederation reads with --federation-address=PodIP, and a watch on
-// them. The manager's cache cannot
-// serve: it keeps every pod stripped to what the capacity report reads
+// watchPickers gives the controller a cache of endpoint-picker pods and
+// their ReplicaSets, which reportFederation reads with
+// --federation-address=PodIP, and a watch on the pods. The manager's cache
+// cannot serve: it keeps every pod stripped to what the capacity report reads
 // (capacity.CacheOptions), without labels, IP or conditions. This cache
-// holds only picker pods, selected by the API server, in full. Watching the
+// holds only picker pods and ReplicaSets, selected by the API server, in full. Watching the
 // pods rather than the picker's Deployment catches every change of the
 // address: a leader handover between two replicas leaves the Deployment's
 // ready count, and so its status, unchanged.
@@ -181,7 +226,7 @@ func (r *Reconciler) watchPickers(mgr ctrl.Manager) (source.Source, error) {
 	sel := labels.SelectorFromSet(labels.Set{v1alpha2.LabelPartOf: v1alpha2.PartOfValue, v1alpha2.LabelComponent: v1alpha2.ComponentScheduler})
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
-		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: sel}},
+		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: sel}, &appsv1.ReplicaSet{}: {Label: sel}},
 		DefaultTransform: cache.TransformStripManagedFields(),
 	})
 	if err != nil {

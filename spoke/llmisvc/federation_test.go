@@ -5,8 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -68,6 +70,47 @@ func TestFederateWiresThePickerOnlyWhenTheHubAsks(t *testing.T) {
 				if i < 0 || c.Ports[i].ContainerPort != tc.wantPort || len(c.Ports) != 1 {
 					t.Errorf("ports %+v, want one federation port %d", c.Ports, tc.wantPort)
 				}
+			}
+		})
+	}
+}
+
+// A pod that only copies the picker's labels, or claims a ReplicaSet of
+// another Deployment, is not the picker: its address would steer other
+// clusters' spilled requests.
+func TestPickerPodsAreFoundByOwnershipNotLabels(t *testing.T) {
+	controlledBy := func(kind, name string, uid types.UID) []metav1.OwnerReference {
+		return []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: kind, Name: name, UID: uid, Controller: ptr.To(true)}}
+	}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "llama-kserve-router-scheduler", UID: "dep"}}
+	rs := func(name string, uid, owner types.UID) appsv1.ReplicaSet {
+		return appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: name, UID: uid, OwnerReferences: controlledBy("Deployment", dep.Name, owner)}}
+	}
+	pod := func(name string, owners []metav1.OwnerReference) corev1.Pod {
+		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: owners}}
+	}
+	sets := []appsv1.ReplicaSet{rs("current", "rs1", "dep"), rs("previous", "rs2", "dep"), rs("another-deployments", "rs3", "other")}
+	notController := controlledBy("ReplicaSet", "current", "rs1")
+	notController[0].Controller = nil
+	cases := []struct {
+		name string
+		pods []corev1.Pod
+		want []string
+	}{
+		{"the current and the previous ReplicaSet's pods", []corev1.Pod{pod("a", controlledBy("ReplicaSet", "current", "rs1")), pod("b", controlledBy("ReplicaSet", "previous", "rs2"))}, []string{"a", "b"}},
+		{"a bare pod with the picker's labels", []corev1.Pod{pod("bare", nil)}, nil},
+		{"a ReplicaSet of another Deployment", []corev1.Pod{pod("other", controlledBy("ReplicaSet", "another-deployments", "rs3"))}, nil},
+		{"the right name with another UID", []corev1.Pod{pod("forged", controlledBy("ReplicaSet", "current", "rs9"))}, nil},
+		{"an owner that is not its controller", []corev1.Pod{pod("adopted", notController)}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, p := range ownedPods(dep, sets, tc.pods) {
+				got = append(got, p.Name)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("ownedPods = %v, want %v", got, tc.want)
 			}
 		})
 	}
