@@ -365,6 +365,35 @@ func TestNonDefaultValues(t *testing.T) {
 			},
 		},
 		{
+			name: "federation from cert-manager per service: a Certificate per service with the hub's identity, mounted by that service's picker",
+			values: `federation: {enabled: true, clusterName: east, tls: {source: certManager,
+				certManager: {issuerRef: {name: fleet-ca}, trustDomain: example.org, services: [{namespace: llm, name: llama}, {namespace: team-b, name: qwen}]}}}`,
+			apiVersions: []string{certManager},
+			check: func(t *testing.T, r rendered) {
+				var got []string
+				for _, o := range r {
+					if o.GetKind() != "Certificate" {
+						continue
+					}
+					secret, _, _ := unstructured.NestedString(o.Object, "spec", "secretName")
+					uris, _, _ := unstructured.NestedStringSlice(o.Object, "spec", "uris")
+					got = append(got, o.GetNamespace()+"/"+o.GetName()+" "+secret+" "+strings.Join(uris, ","))
+				}
+				slices.Sort(got)
+				want := []string{
+					"llm/llama-epp-federation llama-epp-federation spiffe://example.org/cluster/east/ns/llm/llminferenceservice/llama",
+					"team-b/qwen-epp-federation qwen-epp-federation spiffe://example.org/cluster/east/ns/team-b/llminferenceservice/qwen",
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("Certificates %q, want %q", got, want)
+				}
+				pod := r.scheduler(t, "kserve-").Spec.Router.Scheduler.Template
+				if len(pod.Volumes) != 2 || pod.Volumes[0].Secret.SecretName != "{{ .ObjectMeta.Name }}-epp-federation" {
+					t.Errorf("the picker's volumes %+v, want its service's Secret (a placeholder the controller renders)", pod.Volumes)
+				}
+			},
+		},
+		{
 			name:   "every CRD subchart on",
 			values: "crds: {gatewayAPI: {enabled: true}, leaderWorkerSet: {enabled: true}}",
 			check: func(t *testing.T, r rendered) {
@@ -433,6 +462,9 @@ func TestInvalidValuesAreRejected(t *testing.T) {
 		{"federation with controller-installed presets", "federation: {enabled: true, clusterName: east}\npresets: {source: controller}", "/presets/source", nil},
 		{"unknown federation mode", "federation: {enabled: true, clusterName: east, mode: Mesh}", "/federation/mode", nil},
 		{"cert-manager without an issuer", "federation: {enabled: true, clusterName: east, tls: {source: certManager, certManager: {namespaces: [llm]}}}", "/issuerRef/name", []string{certManager}},
+		{"cert-manager with neither namespaces nor services", "federation: {enabled: true, clusterName: east, tls: {source: certManager, certManager: {issuerRef: {name: ca}}}}", "/federation/tls/certManager", []string{certManager}},
+		{"cert-manager with both namespaces and services", "federation: {enabled: true, clusterName: east, tls: {source: certManager, certManager: {issuerRef: {name: ca}, namespaces: [llm], services: [{namespace: llm, name: llama}]}}}", "/federation/tls/certManager", []string{certManager}},
+		{"cert-manager service without a namespace", "federation: {enabled: true, clusterName: east, tls: {source: certManager, certManager: {issuerRef: {name: ca}, services: [{name: llama}]}}}", "/federation/tls/certManager/services/0", []string{certManager}},
 		{"cert-manager not installed", "federation: {enabled: true, clusterName: east, tls: {source: certManager, certManager: {issuerRef: {name: ca}, namespaces: [llm]}}}", "needs cert-manager", nil},
 		{"ServiceMonitor without the Service", "metrics: {service: {enabled: false}, serviceMonitor: {enabled: true}}", "needs metrics.service.enabled", nil},
 		{"existing ServiceAccount without a name", "serviceAccount: {create: false}", "serviceAccount.name is required", nil},
