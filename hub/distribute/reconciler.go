@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -35,6 +34,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
+	"github.com/fleetinfer/fleetinfer/internal/statuspatch"
 )
 
 // Finalizer keeps a hub service until its copies are deleted.
@@ -303,14 +303,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, svc *v1alpha2.LLMInference
 		return nil
 	}
 	want := svc.Status.DeepCopy()
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur := &v1alpha2.LLMInferenceService{}
-		if err := r.hub.Get(ctx, client.ObjectKeyFromObject(svc), cur); err != nil {
-			return client.IgnoreNotFound(err)
-		}
-		cur.Status = *want
-		return r.hub.Status().Update(ctx, cur)
-	})
+	return statuspatch.Write(ctx, r.hub, svc, func(cur *v1alpha2.LLMInferenceService) { cur.Status = *want })
 }
 
 // events records the decision's failovers, the copies found Stuck, and the

@@ -19,12 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/internal/statuspatch"
 )
 
 // Options configure the reconciler; the spoke's flags set them.
@@ -235,25 +235,18 @@ func (r *Reconciler) setFinalizer(ctx context.Context, svc *v1alpha2.LLMInferenc
 	return nil
 }
 
-// updateStatus writes the status if it changed, retrying on conflicts
-// against the latest object.
+// updateStatus writes the status if it changed (statuspatch: a merge patch,
+// since the spec may be large).
 func (r *Reconciler) updateStatus(ctx context.Context, svc *v1alpha2.LLMInferenceService, before *v1alpha2.LLMInferenceServiceStatus) error {
 	if equality.Semantic.DeepEqual(before, &svc.Status) {
 		return nil
 	}
 	want := svc.Status.DeepCopy()
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur := &v1alpha2.LLMInferenceService{}
-		if err := r.Get(ctx, client.ObjectKeyFromObject(svc), cur); err != nil {
-			return client.IgnoreNotFound(err)
-		}
-		cur.Status = *want
-		err := r.Status().Update(ctx, cur)
-		if err != nil && !apierrors.IsConflict(err) {
-			r.recorder.Eventf(svc, corev1.EventTypeWarning, "UpdateFailed", "Failed to update status: %v", err)
-		}
-		return err
-	})
+	err := statuspatch.Write(ctx, r.Client, svc, func(cur *v1alpha2.LLMInferenceService) { cur.Status = *want })
+	if err != nil && !apierrors.IsConflict(err) {
+		r.recorder.Eventf(svc, corev1.EventTypeWarning, "UpdateFailed", "Failed to update status: %v", err)
+	}
+	return err
 }
 
 // emitReadyEdge records an Event when Ready turns True or stops being True.
