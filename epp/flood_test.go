@@ -27,8 +27,8 @@ import (
 )
 
 // The flooding peer runs in its own process (this test binary, re-run as
-// TestHelperFloodingPeer), so that what the receiver's memory and picks
-// show is the receiver's own work.
+// TestHelperFloodingPeer, at the lowest CPU priority), so that what the
+// receiver's memory and picks show is the receiver's own work.
 const (
 	floodDirEnv    = "FLEETINFER_FLOOD_DIR"
 	floodTargetEnv = "FLEETINFER_FLOOD_TARGET"
@@ -56,21 +56,32 @@ func maximalSnapshot() *federationv1.Update {
 }
 
 // TestHelperFloodingPeer is the flooding peer's process; it does nothing in
-// a normal test run. It serves west's endpoints, calmly (heartbeats) until
-// the file "flood" appears in its directory, then as fast as it can send
-// (deltas of one endpoint's LoRA state, and heartbeats), while it keeps
-// floodStreams subscription streams open to the receiver's publisher. It
-// exits when its standard input closes, or after two minutes.
+// a normal test run. It serves west's endpoints, calmly (heartbeats) while
+// the file "flood" is absent from its directory, and as fast as it can
+// send (deltas of one endpoint's LoRA state, and heartbeats) while it is
+// there, when it also keeps floodStreams subscription streams churning on
+// the receiver's publisher. It exits when its standard input closes, or
+// after five minutes.
 func TestHelperFloodingPeer(t *testing.T) {
 	dir := os.Getenv(floodDirEnv)
 	if dir == "" {
 		t.Skip("run by TestAFloodingPeerBoundsTheReceiversMemoryAndPickLatency")
 	}
 	files := federationtest.Files{Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key"), CA: filepath.Join(dir, "ca.crt")}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	go func() { _, _ = os.Stdin.Read(make([]byte, 1)); cancel() }()
 	var flooding atomic.Bool
+	go func() {
+		for ctx.Err() == nil {
+			_, err := os.Stat(filepath.Join(dir, "flood"))
+			flooding.Store(err == nil)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
 	snap := maximalSnapshot()
 	peer := &scriptedPeer{first: func() *federationv1.Update { return proto.CloneOf(snap) }, next: func(seq uint64) *federationv1.Update {
-		for !flooding.Load() {
+		if !flooding.Load() {
 			time.Sleep(100 * time.Millisecond)
 			return &federationv1.Update{CurrentUnixNano: time.Now().UnixNano()}
 		}
@@ -86,16 +97,6 @@ func TestHelperFloodingPeer(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "addr"), []byte(addr), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	go func() { _, _ = os.Stdin.Read(make([]byte, 1)); cancel() }()
-	for ctx.Err() == nil {
-		if _, err := os.Stat(filepath.Join(dir, "flood")); err == nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	flooding.Store(true)
 	creds, err := federation.LoadCredentials(federation.TLSFiles{CertFile: files.Cert, KeyFile: files.Key, CAFile: files.CA}, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
@@ -113,9 +114,13 @@ func TestHelperFloodingPeer(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for ctx.Err() == nil {
+					if !flooding.Load() {
+						time.Sleep(20 * time.Millisecond)
+						continue
+					}
 					st, err := federationv1.NewFederationClient(conn).Subscribe(ctx,
 						&federationv1.SubscribeRequest{PoolNamespace: testPool.Namespace, PoolName: testPool.Name, Cluster: fmt.Sprint("west-", c)})
-					for err == nil {
+					for err == nil && flooding.Load() {
 						_, err = st.Recv()
 					}
 				}
@@ -126,14 +131,21 @@ func TestHelperFloodingPeer(t *testing.T) {
 }
 
 // floodPeer starts the flooding peer's process with west's certificate
-// and returns its address and the file that starts the flood.
-func floodPeer(t *testing.T, ca *federationtest.CA, target string) (addr, start string) {
+// and returns its address and the file whose presence makes it flood.
+func floodPeer(t *testing.T, ca *federationtest.CA, target string) (addr, flood string) {
 	t.Helper()
 	dir := t.TempDir()
 	if _, err := ca.WriteFiles(dir, hostileIdentity); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFloodingPeer$", "-test.count=1")
+	// The peer's CPU stands for another machine's: it runs at the lowest
+	// priority, so that on a small shared machine what it spends sending
+	// does not count against the receiver's picks.
+	args := []string{os.Args[0], "-test.run=^TestHelperFloodingPeer$", "-test.count=1"}
+	if nice, err := exec.LookPath("nice"); err == nil {
+		args = append([]string{nice, "-n", "19"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = append(os.Environ(), floodDirEnv+"="+dir, floodTargetEnv+"="+target)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -196,23 +208,17 @@ func eastPublishes(t *testing.T, ca *federationtest.CA) string {
 	return lis.Addr().String()
 }
 
-// pickLatencies times n picks of the harness and returns them sorted: all,
-// and those that went to west (whose candidates were west's and east's,
-// where the others' were east's only).
-func pickLatencies(t *testing.T, h *harness, n int) (all, remote []time.Duration) {
+// pickLatencies times n picks of the harness and returns them sorted.
+func pickLatencies(t *testing.T, h *harness, n int) []time.Duration {
 	t.Helper()
-	all = make([]time.Duration, n)
+	all := make([]time.Duration, n)
 	for i := range all {
 		began := time.Now()
-		r := h.request(t, completion("hello"), 1<<20, nil)
+		h.request(t, completion("hello"), 1<<20, nil)
 		all[i] = time.Since(began)
-		if strings.HasPrefix(r.dest, "10.2.") {
-			remote = append(remote, all[i])
-		}
 	}
 	slices.Sort(all)
-	slices.Sort(remote)
-	return all, remote
+	return all
 }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {
@@ -225,10 +231,12 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 // A peer with a valid certificate floods: a maximal snapshot (4,096
 // endpoints with labels and LoRA names, just under 4 MiB), then deltas and
 // heartbeats as fast as it can send them, while it keeps 1,000
-// subscription streams churning on the receiver's publisher. The
-// receiver's heap grows by under 200 MiB. Its pick latencies before and
-// during the flood are logged, not checked: on a shared, loaded machine
-// their p99 measures the machine more than the picker.
+// subscription streams churning on the receiver's publisher; five times,
+// between calm phases. The receiver reads the peer no faster than its rate
+// limit and never closes the stream (a reconnect would cost a snapshot);
+// its heap grows by under 200 MiB. The pick p99 of flood and calm phases
+// is logged, not checked: on a shared machine, with other tests running,
+// it measures the machine more than the picker.
 func TestAFloodingPeerBoundsTheReceiversMemoryAndPickLatency(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for 20 s to minutes, with a second process")
@@ -240,7 +248,7 @@ func TestAFloodingPeerBoundsTheReceiversMemoryAndPickLatency(t *testing.T) {
 	if n := proto.Size(maximalSnapshot()); n > federation.DefaultLimits.MaxMessageBytes {
 		t.Fatalf("the maximal snapshot takes %d bytes, over the limit", n)
 	}
-	addr, start := floodPeer(t, ca, eastPublishes(t, ca))
+	addr, flood := floodPeer(t, ca, eastPublishes(t, ca))
 	store := eastSubscribes(t, ca, addr)
 	deadline := time.Now().Add(20 * time.Second)
 	for store.Count()["west"] != federation.DefaultLimits.MaxEndpoints {
@@ -255,11 +263,7 @@ func TestAFloodingPeerBoundsTheReceiversMemoryAndPickLatency(t *testing.T) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	heapBefore := ms.HeapAlloc
-	calm, calmRemote := pickLatencies(t, h, 3000)
 
-	if err := os.WriteFile(start, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	var peak atomic.Uint64
 	sampling, stop := context.WithCancel(context.Background())
 	sampled := make(chan struct{})
@@ -274,28 +278,49 @@ func TestAFloodingPeerBoundsTheReceiversMemoryAndPickLatency(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
-	received := receivedFromWest(t)
-	time.Sleep(2 * time.Second)
-	flood, floodRemote := pickLatencies(t, h, 3000)
-	time.Sleep(5 * time.Second)
+	received, began := receivedFromWest(t), time.Now()
+	const phases = 5
+	var calmP99, floodP99 []time.Duration
+	for i := range phases {
+		calm := pickLatencies(t, h, 1000)
+		if err := os.WriteFile(flood, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		flooded := pickLatencies(t, h, 1000)
+		if err := os.Remove(flood); err != nil {
+			t.Fatal(err)
+		}
+		calmP99, floodP99 = append(calmP99, quantile(calm, 0.99)), append(floodP99, quantile(flooded, 0.99))
+		t.Logf("phase %d: calm p50 %v p99 %v, flood p50 %v p99 %v", i+1, quantile(calm, 0.5), calmP99[i], quantile(flooded, 0.5), floodP99[i])
+		time.Sleep(500 * time.Millisecond)
+	}
 	stop()
 	<-sampled
-	received = receivedFromWest(t) - received
+	read, took := receivedFromWest(t)-received, time.Since(began)
 
 	growth := float64(peak.Load()-min(peak.Load(), heapBefore)) / (1 << 20)
-	t.Logf("heap before the flood %.1f MiB, peak during it %.1f MiB (growth %.1f MiB); messages read from west during the flood: %.0f; west's streams ended by reason: %v",
-		float64(heapBefore)/(1<<20), float64(peak.Load())/(1<<20), growth, received,
-		gatheredBy(t, "fleetinfer_epp_federation_stream_errors_total", map[string]string{"peer": "west"}, "reason"))
-	for _, c := range []struct {
-		what        string
-		calm, flood []time.Duration
-	}{{"all picks", calm, flood}, {"picks to west", calmRemote, floodRemote}} {
-		t.Logf("%s: calm p50 %v p99 %v (%d), flood p50 %v p99 %v (%d); p99 ratio %.2f", c.what,
-			quantile(c.calm, 0.5), quantile(c.calm, 0.99), len(c.calm), quantile(c.flood, 0.5), quantile(c.flood, 0.99), len(c.flood),
-			float64(quantile(c.flood, 0.99))/float64(quantile(c.calm, 0.99)))
-	}
+	ended := gatheredBy(t, "fleetinfer_epp_federation_stream_errors_total", map[string]string{"peer": "west"}, "reason")
+	waited := gathered(t, "fleetinfer_epp_federation_throttled_seconds_total", map[string]string{"peer": "west"})
+	t.Logf("heap before the floods %.1f MiB, peak %.1f MiB (growth %.1f MiB); messages read from west in %s: %.0f, %.1f s of it throttled; west's streams ended by reason: %v",
+		float64(heapBefore)/(1<<20), float64(peak.Load())/(1<<20), growth, took.Round(time.Second), read, waited, ended)
+	slices.Sort(calmP99)
+	slices.Sort(floodP99)
+	t.Logf("pick p99, median of %d phases: calm %v, flood %v; ratio %.2f (ranges %v–%v and %v–%v)", phases,
+		calmP99[phases/2], floodP99[phases/2], float64(floodP99[phases/2])/float64(calmP99[phases/2]),
+		calmP99[0], calmP99[phases-1], floodP99[0], floodP99[phases-1])
 	if growth >= 200 {
-		t.Errorf("heap grew by %.1f MiB during the flood, want under 200", growth)
+		t.Errorf("heap grew by %.1f MiB during the floods, want under 200", growth)
+	}
+	limits := federation.DefaultLimits
+	if most := float64(limits.MaxMessagesPerSecond)*took.Seconds() + 2*float64(limits.MaxMessagesPerSecond); read > most {
+		t.Errorf("read %.0f messages of west in %s, over the rate limit's %.0f", read, took, most)
+	}
+	if waited == 0 {
+		t.Error("the flood was never throttled")
+	}
+	if len(ended) > 0 {
+		t.Errorf("west's stream ended during the floods (%v): a flooding peer is throttled, not reconnected", ended)
 	}
 }
 

@@ -22,8 +22,8 @@ type Limits struct {
 	MaxEndpoints int
 	// MaxMessagesPerSecond and MaxBytesPerSecond bound the rate at which a
 	// peer's stream is read, with bursts of twice the messages and of a
-	// full message on top of the bytes; a peer that sends faster breaks the
-	// protocol. Zero does not bound.
+	// full message on top of the bytes; what a peer sends faster waits in
+	// the peer, held back by the stream's flow control. Zero does not bound.
 	MaxMessagesPerSecond int
 	MaxBytesPerSecond    int
 }

@@ -34,8 +34,12 @@ var (
 	}, []string{"peer", "direction"})
 	streamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_stream_errors_total",
-		Help: "Subscription streams to a peer that ended, by reason (connect, transport, protocol, rate, stale).",
+		Help: "Subscription streams to a peer that ended, by reason (connect, transport, protocol, stale).",
 	}, []string{"peer", "reason"})
+	throttled = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_throttled_seconds_total",
+		Help: "Time this EPP held a peer's stream unread because the peer sent faster than --federation-max-messages-per-second or --federation-max-bytes-per-second.",
+	}, []string{"peer"})
 	peerRTT = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fleetinfer_epp_peer_rtt_seconds",
 		Help: "Round trip to each peer's cluster as the spill policy uses it: federation pings on the subscription's connection, each moving the estimate halfway.",
@@ -57,5 +61,5 @@ var (
 // Collectors returns the federation's metrics.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{peersConnected, subscribers, remoteEndpoints, lag, bytesTotal,
-		updatesTotal, streamErrors, refused, endpointsRefused, endpointsWithheld, peerRTT}
+		updatesTotal, streamErrors, throttled, refused, endpointsRefused, endpointsWithheld, peerRTT}
 }

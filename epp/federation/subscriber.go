@@ -227,7 +227,7 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 		go s.ping(ctx, client, origin, staleAfter)
 	}
 	c := &updateCodec{limits: s.opts.Limits, bytes: bytesTotal.WithLabelValues(p.Cluster, "received"),
-		updates: updatesTotal.WithLabelValues(p.Cluster, "received")}
+		updates: updatesTotal.WithLabelValues(p.Cluster, "received"), ctx: ctx, throttled: throttled.WithLabelValues(p.Cluster)}
 	c.messageRate, c.byteRate = s.opts.Limits.rateLimiters()
 	st, err := client.Subscribe(ctx,
 		&federationv1.SubscribeRequest{PoolNamespace: s.opts.Pool.Namespace, PoolName: s.opts.Pool.Name, Cluster: s.opts.Cluster},
@@ -253,9 +253,6 @@ func (s *Subscriber) stream(ctx context.Context, p fleetv1alpha1.Peer, origin *O
 		if err != nil {
 			if errors.Is(context.Cause(ctx), errStale) {
 				return "stale", errStale
-			}
-			if errors.Is(c.err, errRate) {
-				return "rate", c.err
 			}
 			if c.err != nil {
 				return "protocol", c.err
@@ -304,10 +301,7 @@ func (s *Subscriber) ping(ctx context.Context, client federationv1.FederationCli
 	}
 }
 
-var (
-	errStale = errors.New("no message within the staleness bound")
-	errRate  = errors.New("peer sends faster than its rate limit")
-)
+var errStale = errors.New("no message within the staleness bound")
 
 // updateCodec decodes received Updates with DecodeUpdate, so that every byte
 // from a peer goes through the same validation the fuzz tests exercise, and
@@ -315,15 +309,42 @@ var (
 type updateCodec struct {
 	limits         Limits
 	bytes, updates prometheus.Counter
+	// ctx is the stream's: waiting for the rate limits ends with it.
+	ctx context.Context
 	// messageRate and byteRate bound the stream's rate; nil where Limits
-	// do not.
+	// do not. throttled counts the time spent waiting for them.
 	messageRate, byteRate *rate.Limiter
+	throttled             prometheus.Counter
 	// err is the last decoding error: gRPC reports it to Recv as an
 	// Internal status, this keeps it apart from transport errors.
 	err error
 }
 
 func (c *updateCodec) Name() string { return grpcproto.Name }
+
+// wait holds the stream until its rate limits allow a message of n bytes.
+// Not reading is the bound: the rest of a flood waits in the peer, held
+// back by the stream's flow-control window, and costs this picker nothing.
+// Closing the stream instead would cost more: the peer would resend a full
+// snapshot, decoded again, on every reconnect. A flooding peer's heartbeats
+// arrive late, so its endpoints soon count as stale.
+func (c *updateCodec) wait(n int) error {
+	began := time.Now()
+	if c.messageRate != nil {
+		if err := c.messageRate.Wait(c.ctx); err != nil {
+			return err
+		}
+	}
+	if c.byteRate != nil {
+		if err := c.byteRate.WaitN(c.ctx, n); err != nil {
+			return err
+		}
+	}
+	if waited := time.Since(began); waited > time.Millisecond {
+		c.throttled.Add(waited.Seconds())
+	}
+	return nil
+}
 
 func (c *updateCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return encoding.GetCodecV2(grpcproto.Name).Marshal(v)
@@ -337,10 +358,8 @@ func (c *updateCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	n := data.Len()
 	c.bytes.Add(float64(n))
 	c.updates.Inc()
-	now := time.Now()
-	if c.messageRate != nil && !c.messageRate.AllowN(now, 1) || c.byteRate != nil && !c.byteRate.AllowN(now, n) {
-		c.err = fmt.Errorf("%w: over %d messages or %d bytes a second", errRate, c.limits.MaxMessagesPerSecond, c.limits.MaxBytesPerSecond)
-		return fmt.Errorf("%w: %w", errProtocol, c.err)
+	if err := c.wait(n); err != nil {
+		return err
 	}
 	b := data.Materialize()
 	if err := decodeInto(b, out, c.limits); err != nil {
