@@ -99,8 +99,8 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.BreakerOpen, "federation-breaker-open", o.BreakerOpen, "How long a cluster's circuit breaker stays open before a request probes it.")
 	fs.DurationVar(&o.BreakerSlow, "federation-breaker-slow", o.BreakerSlow, "A crossed request whose response headers take longer counts as failed; 0 judges errors only.")
 	fs.IntVar(&o.MaxMessageBytes, "federation-max-message-bytes", o.MaxMessageBytes, "Largest federation message accepted; what a peer's endpoints may take in all, and what this EPP publishes fits it.")
-	fs.IntVar(&o.MaxMessageRate, "federation-max-messages-per-second", o.MaxMessageRate, "Most messages a second read from one peer (bursts of twice that); a faster peer's stream is closed. 0: no bound.")
-	fs.IntVar(&o.MaxByteRate, "federation-max-bytes-per-second", o.MaxByteRate, "Most bytes a second read from one peer (bursts of one more message); a faster peer's stream is closed. 0: no bound.")
+	fs.IntVar(&o.MaxMessageRate, "federation-max-messages-per-second", o.MaxMessageRate, "Most messages a second read from one peer (bursts of twice that); what a faster peer sends waits in the peer (flow control). 0: no bound.")
+	fs.IntVar(&o.MaxByteRate, "federation-max-bytes-per-second", o.MaxByteRate, "Most bytes a second read from one peer (bursts of one more message); what a faster peer sends waits in the peer (flow control). 0: no bound.")
 }
 
 // Validate checks the flags.

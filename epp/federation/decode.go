@@ -30,9 +30,11 @@ type Limits struct {
 
 // DefaultLimits allow a peer 4,096 endpoints in messages of at most 4 MiB; a
 // full snapshot of 4,096 endpoints with a dozen labels each is about 1.5 MiB.
-// A publisher sends 20 messages a second (--federation-publish-interval), a
-// few KiB each in steady state.
-var DefaultLimits = Limits{MaxMessageBytes: 4 << 20, MaxEndpoints: 4096, MaxMessagesPerSecond: 100, MaxBytesPerSecond: 8 << 20}
+// A publisher sends at most one message per --federation-publish-interval
+// (50 ms: 20 a second), a few KiB each in steady state; the message rate
+// allows two and a half times that, since every message costs the receiver
+// a pass over the peer's endpoints.
+var DefaultLimits = Limits{MaxMessageBytes: 4 << 20, MaxEndpoints: 4096, MaxMessagesPerSecond: 50, MaxBytesPerSecond: 8 << 20}
 
 // rateLimiters return the limiters of a stream's messages and bytes; nil
 // where Limits do not bound.

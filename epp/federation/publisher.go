@@ -425,6 +425,11 @@ func (p *Publisher) ReauthorizeOn(ctx context.Context, interval time.Duration, c
 	}
 }
 
+// tooOftenDelay is how long a stream opened too often waits for its
+// refusal. An honest subscriber is never refused: it backs off from 100 ms
+// and opens at most a few streams a second.
+const tooOftenDelay = 5 * time.Second
+
 // Subscribe implements the Federation service.
 //
 // A peer has one stream: a newer stream of the same peer replaces the open
@@ -445,12 +450,13 @@ func (p *Publisher) Subscribe(req *federationv1.SubscribeRequest, stream federat
 			p.opts.Pool, req.GetPoolNamespace(), req.GetPoolName())
 	}
 	if !p.mayOpen(cluster) {
-		// A peer that reopens in a loop is answered late, so that each of
-		// its connections costs one stream a second, not a busy loop.
+		// A peer that reopens in a loop is answered late, holding one of
+		// its connection's four stream slots, so that each connection costs
+		// this EPP at most four streams in tooOftenDelay, not a busy loop.
 		refused.WithLabelValues("too-often").Inc()
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Second):
+		case <-time.After(tooOftenDelay):
 		}
 		return status.Error(codes.ResourceExhausted, "this peer opens streams too often; retry with backoff")
 	}

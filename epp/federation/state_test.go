@@ -165,37 +165,46 @@ func TestDecodeUpdateRefusesMalformedOrOversizedMessages(t *testing.T) {
 	}
 }
 
-// BenchmarkApply decodes and applies one message of a peer of 90 endpoints,
-// a tenth of which changed since the last one, with the freshness watermark:
-// what the benchmark's peers send twenty times a second each.
+// BenchmarkApply decodes and applies one message of a peer: of 90
+// endpoints, a tenth of which changed since the last one, with the
+// freshness watermark (what the benchmark's peers send twenty times a
+// second each); of 4,096 endpoints, one changed (a flooding peer's
+// message); and a heartbeat of 4,096 endpoints.
 func BenchmarkApply(b *testing.B) {
-	p := newPeerState(&Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}, "llm", DefaultLimits, Destinations{}, nil)
-	first := snapshot()
-	for i := range uint32(90) {
-		first.Upserts = append(first.Upserts, &federationv1.Endpoint{Id: i + 1, Spec: &federationv1.EndpointSpec{
-			Name: fmt.Sprintf("sim-%03d-rank-0", i), PodName: fmt.Sprintf("sim-%03d", i), Address: fmt.Sprintf("10.0.0.%d", i+1), Port: 8000,
-			Labels: map[string]string{"app": "llama", "pod-template-hash": "7d9f8c6b5"}}, Metrics: metrics(1, -time.Millisecond)})
-	}
-	if err := p.apply(first, time.Now()); err != nil {
-		b.Fatal(err)
-	}
-	seq := uint64(1)
-	b.ReportAllocs()
-	for b.Loop() {
-		seq++
-		u := &federationv1.Update{Seq: seq, SentUnixNano: at(0), CurrentUnixNano: at(-time.Millisecond)}
-		for j := range uint32(9) {
-			u.Upserts = append(u.Upserts, &federationv1.Endpoint{Id: (uint32(seq)*7+j*10)%90 + 1, Metrics: metrics(uint32(seq%4), -time.Millisecond)})
-		}
-		data, err := proto.Marshal(u)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if u, err = DecodeUpdate(data, DefaultLimits); err != nil {
-			b.Fatal(err)
-		}
-		if err := p.apply(u, time.Now()); err != nil {
-			b.Fatal(err)
-		}
+	for _, bc := range []struct {
+		name             string
+		endpoints, dirty uint32
+	}{{"90 endpoints, 9 changed", 90, 9}, {"4096 endpoints, 1 changed", 4096, 1}, {"4096 endpoints, heartbeat", 4096, 0}} {
+		b.Run(bc.name, func(b *testing.B) {
+			p := newPeerState(&Origin{Cluster: "west", Mode: fleetv1alpha1.FederationEndpoint}, "llm", DefaultLimits, Destinations{}, nil)
+			first := snapshot()
+			for i := range bc.endpoints {
+				first.Upserts = append(first.Upserts, &federationv1.Endpoint{Id: i + 1, Spec: &federationv1.EndpointSpec{
+					Name: fmt.Sprintf("sim-%04d-rank-0", i), PodName: fmt.Sprintf("sim-%04d", i), Address: fmt.Sprintf("10.0.%d.%d", i/250, i%250+1), Port: 8000,
+					Labels: map[string]string{"app": "llama", "pod-template-hash": "7d9f8c6b5"}}, Metrics: metrics(i%4, -time.Millisecond)})
+			}
+			if err := p.apply(first, time.Now()); err != nil {
+				b.Fatal(err)
+			}
+			seq := uint64(1)
+			b.ReportAllocs()
+			for b.Loop() {
+				seq++
+				u := &federationv1.Update{Seq: seq, SentUnixNano: at(0), CurrentUnixNano: at(-time.Millisecond)}
+				for j := range bc.dirty {
+					u.Upserts = append(u.Upserts, &federationv1.Endpoint{Id: (uint32(seq)*7+j*10)%bc.endpoints + 1, Metrics: metrics(uint32(seq%4), -time.Millisecond)})
+				}
+				data, err := proto.Marshal(u)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if u, err = DecodeUpdate(data, DefaultLimits); err != nil {
+					b.Fatal(err)
+				}
+				if err := p.apply(u, time.Now()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

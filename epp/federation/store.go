@@ -117,15 +117,20 @@ type peerState struct {
 	// refused are the ids of endpoints whose address was refused: their
 	// metrics-only updates and removals are ignored, not protocol errors.
 	refused map[uint32]bool
-	// order is byID's values from the least to the most loaded, sorted again
-	// only when endpoints or their values change, not for watermarks.
-	order []*remoteEndpoint
+	// order is byID's values from the least to the most loaded. It is
+	// rebuilt from byID only when endpoints come or go (joined), and
+	// otherwise sorted again in place when values change, not for
+	// watermarks: a message that changes a few endpoints leaves it nearly
+	// sorted, which costs the sort one pass.
+	order  []*remoteEndpoint
+	joined bool
 	view  atomic.Pointer[View]
 	// lag is this peer's federation lag histogram, looked up once.
 	lag prometheus.Observer
 }
 
 type remoteEndpoint struct {
+	id uint32
 	// ep's metrics are the last received values, dated by their scrape.
 	ep *fwkdl.ModelServer
 	// specSize and metricsSize are the encoded sizes last received.
@@ -148,6 +153,7 @@ func (p *peerState) drop(id uint32) {
 	if re, ok := p.byID[id]; ok {
 		p.bytes -= re.specSize + re.metricsSize
 		delete(p.byID, id)
+		p.joined = true
 	}
 }
 
@@ -191,11 +197,11 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 		}
 		return recvAt.Add(-time.Duration(sent - t))
 	}
-	reorder := u.GetSnapshot() || len(u.GetRemoved()) > 0 || len(u.GetUpserts()) > 0
 	if u.GetSnapshot() {
 		clear(p.byID)
 		clear(p.refused)
 		p.bytes = 0
+		p.joined = true
 	}
 	for _, id := range u.GetRemoved() {
 		if p.refused[id] {
@@ -219,9 +225,10 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 			if len(p.byID)+len(p.refused) >= p.limits.MaxEndpoints {
 				return fmt.Errorf("%w: peer exceeds %d endpoints", errProtocol, p.limits.MaxEndpoints)
 			}
-			re = &remoteEndpoint{ep: fwkdl.NewEndpoint(nil, nil)}
+			re = &remoteEndpoint{id: e.GetId(), ep: fwkdl.NewEndpoint(nil, nil)}
 			re.ep.GetAttributes().Put(OriginAttribute, p.origin)
 			p.byID[e.GetId()] = re
+			p.joined = true
 		}
 		p.bytes -= re.metricsSize
 		re.metricsSize = proto.Size(e.GetMetrics())
@@ -239,6 +246,14 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 		re.ep.UpdateMetrics(re.metrics)
 		re.updated = re.metrics.UpdateTime
 	}
+	switch {
+	case p.joined:
+		p.order = slices.AppendSeq(p.order[:0], maps.Values(p.byID))
+		p.joined = false
+		fallthrough
+	case len(u.GetUpserts()) > 0:
+		slices.SortFunc(p.order, func(a, b *remoteEndpoint) int { return compareLoad(a.metrics, b.metrics) })
+	}
 	if cur := u.GetCurrentUnixNano(); cur > 0 {
 		wm := local(cur)
 		var lagging map[uint32]bool
@@ -248,17 +263,11 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 				lagging[id] = true
 			}
 		}
-		for id, re := range p.byID {
-			if !lagging[id] && wm.After(re.updated) {
+		for _, re := range p.order {
+			if !lagging[re.id] && wm.After(re.updated) {
 				re.updated = wm
 			}
 		}
-	}
-	if reorder {
-		// Endpoints come in map order, so equal loads are not always in the
-		// same order either.
-		p.order = slices.AppendSeq(p.order[:0], maps.Values(p.byID))
-		slices.SortFunc(p.order, func(a, b *remoteEndpoint) int { return compareLoad(a.metrics, b.metrics) })
 	}
 	v := &View{Origin: p.origin, Entries: make([]Entry, len(p.order)), lag: p.lag}
 	for i, re := range p.order {
