@@ -148,9 +148,11 @@ fuzz: ## Run each fuzz test for FUZZTIME (default 2000 inputs) on top of its com
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzDecodeAndApply$$' -fuzztime $(FUZZTIME)
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzMessageSequence$$' -fuzztime $(FUZZTIME)
 	go test ./epp -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime $(FUZZTIME)
+	go test ./epp -run '^$$' -fuzz '^FuzzRequestHeaders$$' -fuzztime $(FUZZTIME)
+	go test ./apis/fleet/v1alpha1 -run '^$$' -fuzz '^FuzzParsePeerDirectory$$' -fuzztime $(FUZZTIME)
 	go test ./spoke/llmisvc -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME)
 
-fuzz-long: ## The fuzz tests for FUZZLONG (10m) each, about 40 minutes; new failing inputs land in testdata/fuzz to commit.
+fuzz-long: ## The fuzz tests for FUZZLONG (10m) each, about an hour; new failing inputs land in testdata/fuzz to commit.
 	$(MAKE) fuzz FUZZTIME=$(FUZZLONG)
 
 verify-generated: ## Fail when `make manifests generate` would change a file.

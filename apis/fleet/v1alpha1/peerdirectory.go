@@ -145,6 +145,12 @@ func ParsePeerDirectory(data []byte) (*PeerDirectory, error) {
 	if err := yaml.UnmarshalStrict(data, &d); err != nil {
 		return nil, fmt.Errorf("peer directory: %w", err)
 	}
+	// Modes are accepted in any letter case and compared canonical.
+	for i, p := range d.Peers {
+		if mode, err := ParsePeerMode(string(p.Mode)); err == nil {
+			d.Peers[i].Mode = mode
+		}
+	}
 	if err := d.Validate(); err != nil {
 		return nil, err
 	}
@@ -207,12 +213,14 @@ func (p Peer) Validate() error {
 			return fmt.Errorf("gatewayAddress: %w", err)
 		}
 	}
-	if p.Mode != "" {
-		if _, err := ParsePeerMode(string(p.Mode)); err != nil {
-			return err
-		}
+	if p.Mode == "" {
+		return nil
 	}
-	if p.Mode == FederationParent && p.GatewayAddress == "" {
+	mode, err := ParsePeerMode(string(p.Mode))
+	if err != nil {
+		return err
+	}
+	if mode == FederationParent && p.GatewayAddress == "" {
 		return errors.New("Parent mode needs a gatewayAddress")
 	}
 	return nil

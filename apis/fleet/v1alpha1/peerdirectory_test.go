@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -14,6 +16,7 @@ func TestParsePeerDirectoryValidatesEntries(t *testing.T) {
 		{"minimal", `peers: [{cluster: west, federationAddress: "10.0.0.1:9004", identity: "spiffe://f/west"}]`, ""},
 		{"parent mode with gateway", `peers: [{cluster: west, federationAddress: "a:1", gatewayAddress: "b:2", identity: x, mode: Parent}]`, ""},
 		{"parent mode without gateway", `peers: [{cluster: west, federationAddress: "a:1", identity: x, mode: Parent}]`, "gatewayAddress"},
+		{"parent mode in lower case without gateway", `peers: [{cluster: west, federationAddress: "a:1", identity: x, mode: parent}]`, "gatewayAddress"},
 		{"unknown mode", `peers: [{cluster: west, federationAddress: "a:1", identity: x, mode: Sideways}]`, "unknown federation mode"},
 		{"no identity", `peers: [{cluster: west, federationAddress: "a:1"}]`, "identity is required"},
 		{"bad address", `peers: [{cluster: west, federationAddress: "nowhere", identity: x}]`, "federationAddress"},
@@ -59,4 +62,54 @@ func TestPeerDirectoryForSelectsThePoolsPeersButNotItself(t *testing.T) {
 	if strings.Join(got, ",") != "west" {
 		t.Fatalf("peers %v, want [west]", got)
 	}
+}
+
+// FuzzParsePeerDirectory parses arbitrary peer directories, as a picker
+// reads the file the hub (or an operator) writes. A directory it accepts is
+// valid and within bounds, reads back the same after writing it out, and
+// gives no pool its own cluster or another pool's entries.
+func FuzzParsePeerDirectory(f *testing.F) {
+	f.Add([]byte(`peers: [{cluster: west, federationAddress: "10.0.0.1:9004", identity: "spiffe://f/west"}]`), "llm", "llama", "east")
+	f.Add([]byte(`{"ownEndpointCIDRs":["10.1.0.0/16"],"peers":[{"cluster":"west","pool":{"namespace":"llm","name":"llama"},"federationAddress":"[fd00::1]:9004","gatewayAddress":"10.2.0.9:80","identity":"x","mode":"Parent","endpointCIDRs":["10.2.0.0/16"]}]}`), "llm", "llama", "west")
+	f.Add([]byte(`peers: [{cluster: east, subscribeOnly: true, identity: e}, {cluster: west, federationAddress: "a:1", identity: w}]`), "llm", "other", "east")
+	f.Add([]byte("peers: &a [*a]"), "", "", "")
+	f.Add([]byte(`peers: [{cluster: west, federationAddress: "a:1", identity: x, mode: parent}]`), "a", "b", "c")
+	f.Add([]byte(`peers: [{cluster: west, federationAddress: "a:1", identity: x}, {cluster: west, federationAddress: "b:1", identity: y}]`), "a", "b", "c")
+	f.Fuzz(func(t *testing.T, data []byte, ns, pool, self string) {
+		d, err := ParsePeerDirectory(data)
+		if err != nil {
+			return
+		}
+		if err := d.Validate(); err != nil {
+			t.Fatalf("accepted a directory that does not validate: %v", err)
+		}
+		if len(d.Peers) > MaxPeers {
+			t.Fatalf("accepted %d peers, over %d", len(d.Peers), MaxPeers)
+		}
+		out, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := ParsePeerDirectory(out)
+		if err != nil {
+			t.Fatalf("the directory written out does not parse: %v\n%s", err, out)
+		}
+		if !reflect.DeepEqual(d, again) {
+			t.Fatalf("the directory read back differs:\n%+v\n%+v", d, again)
+		}
+		for _, p := range d.Peers {
+			if strings.EqualFold(string(p.Mode), string(FederationParent)) && p.GatewayAddress == "" {
+				t.Fatalf("accepted peer %s in Parent mode (%q) without a gateway address", p.Cluster, p.Mode)
+			}
+		}
+		key := types.NamespacedName{Namespace: ns, Name: pool}
+		for _, p := range d.For(key, self) {
+			if p.Cluster == self {
+				t.Fatalf("pool %s of %s gets its own cluster as a peer", key, self)
+			}
+			if p.Pool != nil && (p.Pool.Namespace != ns || p.Pool.Name != pool) {
+				t.Fatalf("pool %s gets the entry of pool %s/%s", key, p.Pool.Namespace, p.Pool.Name)
+			}
+		}
+	})
 }
