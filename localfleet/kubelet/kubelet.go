@@ -216,7 +216,7 @@ func (k *Kubelet) sync(ctx context.Context, obj any) {
 	switch {
 	case w != nil && pod.DeletionTimestamp != nil:
 		w.setPod(pod)
-		go k.terminate(w, true)
+		go k.terminate(ctx, w, true)
 	case w != nil:
 		w.setPod(pod)
 		w.changed()
@@ -260,14 +260,14 @@ func (k *Kubelet) deleted(obj any) {
 	w := k.workers[pod.UID]
 	k.mu.Unlock()
 	if w != nil {
-		go k.terminate(w, false)
+		go k.terminate(context.Background(), w, false)
 	}
 }
 
 // terminate stops a pod's processes, frees its address and directory, and,
 // for a graceful deletion, removes the pod object as the kubelet does once
 // its containers are gone.
-func (k *Kubelet) terminate(w *podWorker, deleteObject bool) {
+func (k *Kubelet) terminate(ctx context.Context, w *podWorker, deleteObject bool) {
 	k.mu.Lock()
 	if k.workers[w.uid] != w {
 		k.mu.Unlock()
@@ -282,19 +282,33 @@ func (k *Kubelet) terminate(w *podWorker, deleteObject bool) {
 	}
 	_ = os.RemoveAll(w.dir)
 	if deleteObject {
-		k.finalDelete(context.Background(), w.pod())
+		k.finalDelete(ctx, w.pod())
 	}
 	k.log.V(1).Info("pod stopped", "pod", w.key)
 }
 
+// finalDelete removes the object of a pod whose processes have stopped,
+// retrying until it is gone or the kubelet stops: the API server may be
+// restarting (a real kubelet's pod workers retry too), and nothing else
+// would delete a terminating pod whose deletion event has passed.
 func (k *Kubelet) finalDelete(ctx context.Context, pod *corev1.Pod) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err := k.cs.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
-		GracePeriodSeconds: ptr.To(int64(0)),
-		Preconditions:      &metav1.Preconditions{UID: &pod.UID},
-	})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		k.log.Error(err, "delete pod", "pod", pod.Namespace+"/"+pod.Name)
+	backoff := 250 * time.Millisecond
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := k.cs.CoreV1().Pods(pod.Namespace).Delete(attempt, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: ptr.To(int64(0)),
+			Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+		})
+		cancel()
+		if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return
+		}
+		k.log.Error(err, "delete pod; retrying", "pod", pod.Namespace+"/"+pod.Name, "after", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
