@@ -39,3 +39,47 @@ func TestFinalDeleteRetriesUntilThePodIsGone(t *testing.T) {
 		t.Fatalf("the pod is still there after finalDelete: %v", err)
 	}
 }
+
+// A node the node lifecycle controller marked Unknown (its lease lapsed
+// while the API server was down) turns Ready at the kubelet's next
+// heartbeat, as with a real kubelet; a Ready node only has its lease
+// renewed.
+func TestHeartbeatPostsReadyAgainAfterTheNodeWasMarkedUnknown(t *testing.T) {
+	spec := NodeSpec{Name: "gpu-a", GPUs: 4, GPUProduct: "NVIDIA-L40S", GPUMemoryMiB: 46068}
+	node, err := spec.object("127.14.0.1", "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == corev1.NodeReady {
+			node.Status.Conditions[i].Status, node.Status.Conditions[i].Reason = corev1.ConditionUnknown, "NodeStatusUnknown"
+		}
+	}
+	cs := fake.NewClientset(node)
+	k := &Kubelet{cs: cs, log: logr.Discard(), opts: Options{Nodes: []NodeSpec{spec}, Version: "test"},
+		nodeIPs: map[string]string{"gpu-a": "127.14.0.1"}}
+	ctx := context.Background()
+	k.beat(ctx)
+	got, err := cs.CoreV1().Nodes().Get(ctx, "gpu-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ready(got) {
+		t.Fatalf("node conditions after a heartbeat: %+v", got.Status.Conditions)
+	}
+	if _, err := cs.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, "gpu-a", metav1.GetOptions{}); err != nil {
+		t.Fatalf("no lease after a heartbeat: %v", err)
+	}
+
+	statusWrites := 0
+	cs.PrependReactor("update", "nodes", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "status" {
+			statusWrites++
+		}
+		return false, nil, nil
+	})
+	k.beat(ctx)
+	if statusWrites != 0 {
+		t.Errorf("a heartbeat of a Ready node wrote its status %d times", statusWrites)
+	}
+}

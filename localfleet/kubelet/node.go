@@ -134,8 +134,22 @@ func (k *Kubelet) registerNode(ctx context.Context, n NodeSpec, ip string) error
 	if err != nil {
 		return fmt.Errorf("register node %s: %w", n.Name, err)
 	}
-	// The node lifecycle controller writes to new nodes too; retry on its
-	// updates.
+	if got, err = k.postStatus(ctx, n, ip); err != nil {
+		return err
+	}
+	return k.renewLease(ctx, got)
+}
+
+// postStatus writes the node's status as the kubelet sees it: Ready, its
+// capacity and addresses. The node lifecycle controller writes to nodes
+// too (it marks a node whose lease lapsed Unknown); retry on its updates.
+func (k *Kubelet) postStatus(ctx context.Context, n NodeSpec, ip string) (*corev1.Node, error) {
+	want, err := n.object(ip, k.opts.Version)
+	if err != nil {
+		return nil, err
+	}
+	nodes := k.cs.CoreV1().Nodes()
+	var got *corev1.Node
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := nodes.Get(ctx, n.Name, metav1.GetOptions{})
 		if err != nil {
@@ -146,9 +160,19 @@ func (k *Kubelet) registerNode(ctx context.Context, n NodeSpec, ip string) error
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("node %s status: %w", n.Name, err)
+		return nil, fmt.Errorf("node %s status: %w", n.Name, err)
 	}
-	return k.renewLease(ctx, got)
+	return got, nil
+}
+
+// ready reports whether the node's Ready condition is True.
+func ready(node *corev1.Node) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // renewLease keeps the node's heartbeat in kube-node-lease, which the node
@@ -175,7 +199,11 @@ func (k *Kubelet) renewLease(ctx context.Context, node *corev1.Node) error {
 }
 
 // heartbeat renews every node's lease until ctx ends. A node that vanished
-// (for example its cluster was restored from nothing) is registered again.
+// (for example its cluster was restored from nothing) is registered again,
+// and one that is not Ready gets its status posted again, as a real
+// kubelet does: the node lifecycle controller marks a node Unknown when
+// its lease lapses (an API server down longer than the grace period), and
+// only the kubelet turns it Ready again.
 func (k *Kubelet) heartbeat(ctx context.Context) {
 	t := time.NewTicker(leaseRenewInterval)
 	defer t.Stop()
@@ -185,17 +213,26 @@ func (k *Kubelet) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, n := range k.opts.Nodes {
-			node, err := k.cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				err = k.registerNode(ctx, n, k.nodeIPs[n.Name])
-			case err == nil:
+		k.beat(ctx)
+	}
+}
+
+// beat is one heartbeat of every node.
+func (k *Kubelet) beat(ctx context.Context) {
+	for _, n := range k.opts.Nodes {
+		node, err := k.cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			err = k.registerNode(ctx, n, k.nodeIPs[n.Name])
+		case err == nil && !ready(node):
+			if node, err = k.postStatus(ctx, n, k.nodeIPs[n.Name]); err == nil {
 				err = k.renewLease(ctx, node)
 			}
-			if err != nil && ctx.Err() == nil {
-				k.log.V(1).Info("node heartbeat failed", "node", n.Name, "err", err.Error())
-			}
+		case err == nil:
+			err = k.renewLease(ctx, node)
+		}
+		if err != nil && ctx.Err() == nil {
+			k.log.V(1).Info("node heartbeat failed", "node", n.Name, "err", err.Error())
 		}
 	}
 }
