@@ -118,13 +118,13 @@ type peerState struct {
 	// metrics-only updates and removals are ignored, not protocol errors.
 	refused map[uint32]bool
 	// order is byID's values from the least to the most loaded. It is
-	// rebuilt from byID only when endpoints come or go (joined), and
+	// rebuilt from byID only when endpoints come or go (membersChanged), and
 	// otherwise sorted again in place when values change, not for
 	// watermarks: a message that changes a few endpoints leaves it nearly
 	// sorted, which costs the sort one pass.
-	order  []*remoteEndpoint
-	joined bool
-	view  atomic.Pointer[View]
+	order          []*remoteEndpoint
+	membersChanged bool
+	view           atomic.Pointer[View]
 	// lag is this peer's federation lag histogram, looked up once.
 	lag prometheus.Observer
 }
@@ -153,7 +153,7 @@ func (p *peerState) drop(id uint32) {
 	if re, ok := p.byID[id]; ok {
 		p.bytes -= re.specSize + re.metricsSize
 		delete(p.byID, id)
-		p.joined = true
+		p.membersChanged = true
 	}
 }
 
@@ -201,7 +201,7 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 		clear(p.byID)
 		clear(p.refused)
 		p.bytes = 0
-		p.joined = true
+		p.membersChanged = true
 	}
 	for _, id := range u.GetRemoved() {
 		if p.refused[id] {
@@ -228,7 +228,7 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 			re = &remoteEndpoint{id: e.GetId(), ep: fwkdl.NewEndpoint(nil, nil)}
 			re.ep.GetAttributes().Put(OriginAttribute, p.origin)
 			p.byID[e.GetId()] = re
-			p.joined = true
+			p.membersChanged = true
 		}
 		p.bytes -= re.metricsSize
 		re.metricsSize = proto.Size(e.GetMetrics())
@@ -247,9 +247,9 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 		re.updated = re.metrics.UpdateTime
 	}
 	switch {
-	case p.joined:
+	case p.membersChanged:
 		p.order = slices.AppendSeq(p.order[:0], maps.Values(p.byID))
-		p.joined = false
+		p.membersChanged = false
 		fallthrough
 	case len(u.GetUpserts()) > 0:
 		slices.SortFunc(p.order, func(a, b *remoteEndpoint) int { return compareLoad(a.metrics, b.metrics) })
