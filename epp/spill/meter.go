@@ -30,6 +30,12 @@ type Meter struct {
 
 type podMeter struct {
 	inflight atomic.Int64
+	// ran holds when the last timed requests at the pod started and ended
+	// (a ring), so that a scrape taken before some of them ended is not
+	// read as if they still ran (ranAcross).
+	mu   sync.Mutex
+	ran  [16]span
+	next int
 	// service is the mean time a request takes at the pod, from the pick
 	// to the end of its response, in ns (each sample moves it a fifth of
 	// the way); 0 before the first.
@@ -74,19 +80,32 @@ func (m *Meter) Started(addr types.NamespacedName) {
 	}
 }
 
+// span is when a request at a pod started and ended.
+type span struct{ start, end time.Time }
+
 // Finished records the end of a request Started at addr. took is how long
 // it took from the pick, 0 when it did not complete (an error, a request
 // the client gave up) or did not run on a local pod: such requests are no
 // sample of the pod's service time.
 func (m *Meter) Finished(addr types.NamespacedName, took time.Duration) {
+	end := time.Now()
+	m.finished(addr, span{start: end.Add(-took), end: end})
+}
+
+func (m *Meter) finished(addr types.NamespacedName, ran span) {
 	if m == nil {
 		return
 	}
 	p := m.pod(addr)
 	p.inflight.Add(-1)
+	took := ran.end.Sub(ran.start)
 	if took <= 0 {
 		return
 	}
+	p.mu.Lock()
+	p.ran[p.next] = ran
+	p.next = (p.next + 1) % len(p.ran)
+	p.mu.Unlock()
 	cur := p.service.Load()
 	next := int64(took)
 	if cur > 0 {
@@ -100,6 +119,21 @@ func (m *Meter) Finished(addr types.NamespacedName, took time.Duration) {
 		}
 		storeFloat(&m.poolRate, r)
 	}
+}
+
+// ranAcross is how many of the last timed requests at the pod were
+// running at scrape and have ended since: a scrape's running count that
+// still includes them overstates the pod's load.
+func (p *podMeter) ranAcross(scrape time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, r := range p.ran {
+		if r.start.Before(scrape) && r.end.After(scrape) {
+			n++
+		}
+	}
+	return n
 }
 
 // sawRunning records that running requests ran at once on the pod.

@@ -7,9 +7,10 @@
 //
 //	TTFT ≈ load / service rate + round trip
 //
-// where load is the endpoint's waiting and running requests (or this
-// picker's own requests in flight to it, when more: they may not show in
-// the last scrape yet), the service rate is the endpoint's measured
+// where load is the endpoint's waiting and running requests (less, for a
+// local pod, those this picker saw end since the scrape; or this picker's
+// own requests in flight to it, when more: they may not show in the last
+// scrape yet), the service rate is the endpoint's measured
 // requests per second with a full batch (Meter; remote endpoints, which
 // serve the same model, take the local pods' measured rate, and ServiceRate
 // stands in until one is measured), and the round trip is the federation's
@@ -207,13 +208,17 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter) time
 		}
 		pm := m.lookup(ep.GetMetadata().NamespacedName)
 		rate := p.params.ServiceRate
+		running := mt.RunningRequestsSize
 		if pm != nil {
-			pm.sawRunning(mt.RunningRequestsSize)
+			pm.sawRunning(running)
 			if r, ok := pm.rate(); ok {
 				rate = r
 			}
+			// Requests this picker saw end since the scrape no longer run:
+			// an idle pod whose last scrape caught one is idle.
+			running = max(running-pm.ranAcross(mt.UpdateTime), 0)
 		}
-		best = min(best, wait(mt.WaitingQueueSize, mt.RunningRequestsSize, pm, rate))
+		best = min(best, wait(mt.WaitingQueueSize, running, pm, rate))
 	}
 	return best
 }

@@ -122,6 +122,16 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			return m
 		}
 	}
+	// endedAfterScrape is a meter that saw a request at the named pod start
+	// before a scrape taken age ago and end since.
+	endedAfterScrape := func(age time.Duration, name string) func() *Meter {
+		return func() *Meter {
+			m := NewMeter()
+			m.Started(addr(name))
+			m.finished(addr(name), span{start: now.Add(-age - 50*time.Millisecond), end: now.Add(-age / 2)})
+			return m
+		}
+	}
 	inFlight := func(n int, name string) func() *Meter {
 		return func() *Meter {
 			m := NewMeter()
@@ -165,6 +175,11 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "this picker's requests in flight count when the scrape shows fewer",
 			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 400 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""}, // 530 ms
+		{name: "a scrape that still shows a request this picker saw end: the idle local pod keeps the request",
+			meter: endedAfterScrape(fresh, "l"), local: []pod{{"l", 0, 1, fresh}}, // 0 ms, not 100
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "without that request seen ending, the same scrape reads 100 ms and crosses",
+			local: []pod{{"l", 0, 1, fresh}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
 		{name: "stale local metrics: the remote endpoints expected soonest, whatever their load",
 			local: []pod{{"l", 0, 0, time.Minute}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh})}, want: "w-q9"},
 		{name: "no local endpoints: the same",
