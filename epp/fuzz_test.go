@@ -3,6 +3,7 @@ package epp
 import (
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 )
@@ -50,8 +51,11 @@ func FuzzRequestHeaders(f *testing.F) {
 	h := newHarness(f, []fwkdl.Endpoint{endpoint("a", "127.11.0.1:8000", 0, nil), endpoint("b", "127.11.0.2:8000", 9, nil)},
 		[]fwkdl.Endpoint{endpoint("r@west", "127.12.0.1:8000", 0, west)})
 	f.Fuzz(func(t *testing.T, key, value, hint string) {
-		if key == "" || strings.ContainsAny(key, ":\x00") {
+		if key == "" || strings.ContainsAny(key, ":\x00") || !utf8.ValidString(key) {
 			return // not a header an HTTP/1 or HTTP/2 client can send
+		}
+		if !utf8.ValidString(hint) {
+			return // gateway metadata is a protobuf Struct, whose strings are UTF-8
 		}
 		var hints []string
 		if hint != "" {
