@@ -16,6 +16,8 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -88,6 +90,16 @@ func startFederation(t *testing.T, simArgs map[string]string, replicas map[strin
 	for i, s := range fl.Spokes {
 		opts.Members = append(opts.Members, &fedpool.Member{Cluster: s, Replicas: replicas[s.Name()], SimArgs: simArgs[s.Name()], Mode: modes[i]})
 	}
+	// The pool's pods would otherwise run, and take CPU, for the rest of
+	// the suite.
+	t.Cleanup(func() {
+		for _, m := range opts.Members {
+			_ = m.Cluster.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opts.Namespace}})
+		}
+		for _, m := range opts.Members {
+			noPods(t, m.Cluster, opts.Namespace, nil)
+		}
+	})
 	pool, err := fedpool.Deploy(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)

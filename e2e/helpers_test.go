@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -37,17 +39,63 @@ func namespace(t *testing.T, c *fleet.Cluster) string {
 	return name
 }
 
+// noPodsWithin bounds noPods. A pod goes once its controller, the garbage
+// collector and the kubelet have each seen a deletion; when its cluster's
+// API server has just come back from an outage of 30 s or more, the
+// kubelet's and the spoke controller's watches are still in client-go's
+// reflector backoff, which ends at [30, 60) s between attempts (a real
+// kubelet waits the same), so the deletion can reach them a minute late.
+const noPodsWithin = 2 * time.Minute
+
 // noPods waits until namespace ns of cluster c has no pods (with labels)
 // left.
 func noPods(t *testing.T, c *fleet.Cluster, ns string, labels map[string]string) {
 	t.Helper()
-	testutil.Eventually(t, 60*time.Second, "pods of "+ns+" gone from "+c.Name(), func(ctx context.Context) error {
+	start := time.Now()
+	defer func() {
+		if took := time.Since(start); took > time.Minute {
+			t.Logf("pods of %s took %s to go from %s", ns, took.Round(time.Second), c.Name())
+		}
+	}()
+	testutil.Eventually(t, noPodsWithin, "pods of "+ns+" gone from "+c.Name(), func(ctx context.Context) error {
 		pods, err := podsOf(ctx, c, ns, labels)
 		if err != nil || len(pods) > 0 {
-			return fmt.Errorf("%d pods left (%v)", len(pods), err)
+			return fmt.Errorf("%d pods left (%v): %s", len(pods), err, describePods(ctx, c, pods))
 		}
 		return nil
 	})
+}
+
+// describePods says, for a failure message, what holds each pod: its
+// owner, phase, node and whether its deletion has begun.
+func describePods(ctx context.Context, c *fleet.Cluster, pods []corev1.Pod) string {
+	var out []string
+	for _, p := range pods {
+		owner := "no owner"
+		if o := metav1.GetControllerOf(&p); o != nil {
+			obj := &unstructured.Unstructured{}
+			obj.SetAPIVersion(o.APIVersion)
+			obj.SetKind(o.Kind)
+			err := c.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: o.Name}, obj)
+			switch {
+			case err != nil:
+				owner = fmt.Sprintf("owner %s/%s: %v", o.Kind, o.Name, err)
+			case obj.GetUID() != o.UID:
+				owner = fmt.Sprintf("owner %s/%s replaced (uid %s, pod names %s)", o.Kind, o.Name, obj.GetUID(), o.UID)
+			case obj.GetDeletionTimestamp() != nil:
+				owner = fmt.Sprintf("owner %s/%s deleting, finalizers %v", o.Kind, o.Name, obj.GetFinalizers())
+			default:
+				owner = fmt.Sprintf("owner %s/%s present", o.Kind, o.Name)
+			}
+		}
+		deleting := "not deleting"
+		if p.DeletionTimestamp != nil {
+			deleting = "deleting since " + p.DeletionTimestamp.UTC().Format(time.TimeOnly)
+		}
+		out = append(out, fmt.Sprintf("%s (uid %s, %s, %s, node %q, %s, finalizers %v)",
+			p.Name, p.UID, owner, p.Status.Phase, p.Spec.NodeName, deleting, p.Finalizers))
+	}
+	return strings.Join(out, "; ")
 }
 
 // podsOf lists the pods of namespace ns matching labels.
