@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/fleetinfer/fleetinfer/internal/nodestatus"
 )
 
 // A terminated pod's object is deleted even when the API server refuses
@@ -64,7 +66,7 @@ func TestHeartbeatPostsReadyAgainAfterTheNodeWasMarkedUnknown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !ready(got) {
+	if !nodestatus.Ready(got) {
 		t.Fatalf("node conditions after a heartbeat: %+v", got.Status.Conditions)
 	}
 	if _, err := cs.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, "gpu-a", metav1.GetOptions{}); err != nil {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
+	"github.com/fleetinfer/fleetinfer/internal/nodestatus"
 )
 
 // NodeSpec describes a fake node. GPUs are advertised the way the NVIDIA
@@ -165,16 +166,6 @@ func (k *Kubelet) postStatus(ctx context.Context, n NodeSpec, ip string) (*corev
 	return got, nil
 }
 
-// ready reports whether the node's Ready condition is True.
-func ready(node *corev1.Node) bool {
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
 // renewLease keeps the node's heartbeat in kube-node-lease, which the node
 // lifecycle controller reads to decide that a node is alive.
 func (k *Kubelet) renewLease(ctx context.Context, node *corev1.Node) error {
@@ -224,7 +215,7 @@ func (k *Kubelet) beat(ctx context.Context) {
 		switch {
 		case apierrors.IsNotFound(err):
 			err = k.registerNode(ctx, n, k.nodeIPs[n.Name])
-		case err == nil && !ready(node):
+		case err == nil && !nodestatus.Ready(node):
 			if node, err = k.postStatus(ctx, n, k.nodeIPs[n.Name]); err == nil {
 				err = k.renewLease(ctx, node)
 			}

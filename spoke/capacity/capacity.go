@@ -31,6 +31,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
+	"github.com/fleetinfer/fleetinfer/internal/nodestatus"
 )
 
 // unknownProduct stands for the product of nodes whose vendor label is
@@ -68,7 +69,7 @@ func Compute(nodes []corev1.Node, pods []corev1.Pod) fleetv1alpha1.ClusterCapaci
 	st := fleetv1alpha1.ClusterCapacityStatus{}
 	for i := range nodes {
 		n := &nodes[i]
-		if n.Spec.Unschedulable || !nodeReady(n) {
+		if n.Spec.Unschedulable || !nodestatus.Ready(n) {
 			continue
 		}
 		st.Nodes++
@@ -129,15 +130,6 @@ func addFree(a *fleetv1alpha1.AcceleratorCapacity, free int64) {
 	}
 	a.FreeNodes = append(a.FreeNodes, fleetv1alpha1.FreeBucket{Free: free, Nodes: 1})
 	sort.Slice(a.FreeNodes, func(i, j int) bool { return a.FreeNodes[i].Free > a.FreeNodes[j].Free })
-}
-
-func nodeReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // Reconciler keeps the ClusterCapacity current.
