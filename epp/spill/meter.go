@@ -40,8 +40,11 @@ type podMeter struct {
 	// to the end of its response, in ns (each sample moves it a fifth of
 	// the way); 0 before the first.
 	service atomic.Int64
-	// slots is the most requests seen running at once: the batch size.
-	slots atomic.Int64
+	// seen is the most requests seen running at once, and batch the most
+	// seen running while others waited: the pod's batch size (a
+	// continuous-batching server queues a request only when its batch is
+	// full), 0 until the pod has queued.
+	seen, batch atomic.Int64
 }
 
 // NewMeter returns a meter that has measured nothing yet.
@@ -136,20 +139,54 @@ func (p *podMeter) ranAcross(scrape time.Time) int {
 	return n
 }
 
-// sawRunning records that running requests ran at once on the pod.
-func (p *podMeter) sawRunning(running int) {
+// sawRunning records a scrape of the pod: running requests at once, and
+// waiting ones behind them.
+func (p *podMeter) sawRunning(running, waiting int) {
+	raise(&p.seen, int64(running))
+	if waiting > 0 {
+		raise(&p.batch, int64(running))
+	}
+}
+
+// raise sets v to n if n is larger.
+func raise(v *atomic.Int64, n int64) {
 	for {
-		cur := p.slots.Load()
-		if int64(running) <= cur || p.slots.CompareAndSwap(cur, int64(running)) {
+		cur := v.Load()
+		if n <= cur || v.CompareAndSwap(cur, n) {
 			return
 		}
 	}
 }
 
-// rate is slots over service time: the requests per second the pod
-// completes with its batch full.
+// slots is how many requests the pod is taken to run at once, given a
+// scrape of it: its batch size once known; before that, with requests
+// waiting, those running (the batch is full), and otherwise one more than
+// it was ever seen running, so that the estimate finds a pod's batch size
+// by filling it rather than calling the first request it sees a full
+// batch. A nil meter knows only the scrape.
+func (p *podMeter) slots(running, waiting int) int {
+	if p != nil {
+		if b := p.batch.Load(); b > 0 {
+			return int(b)
+		}
+	}
+	if waiting > 0 {
+		return max(running, 1)
+	}
+	if p != nil {
+		running = max(running, int(p.seen.Load()))
+	}
+	return running + 1
+}
+
+// rate is the requests per second the pod completes with its batch full:
+// its slots over its service time, the most seen running standing in for
+// a batch size not known yet.
 func (p *podMeter) rate() (float64, bool) {
-	service, slots := p.service.Load(), max(p.slots.Load(), 1)
+	service, slots := p.service.Load(), p.batch.Load()
+	if slots == 0 {
+		slots = max(p.seen.Load(), 1)
+	}
 	if service <= 0 {
 		return 0, false
 	}
