@@ -158,34 +158,14 @@ func raise(v *atomic.Int64, n int64) {
 	}
 }
 
-// slots is how many requests the pod is taken to run at once, given a
-// scrape of it: its batch size once known; before that, with requests
-// waiting, those running (the batch is full), and otherwise one more than
-// it was ever seen running, so that the estimate finds a pod's batch size
-// by filling it rather than calling the first request it sees a full
-// batch. A nil meter knows only the scrape.
-func (p *podMeter) slots(running, waiting int) int {
-	if p != nil {
-		if b := p.batch.Load(); b > 0 {
-			return int(b)
-		}
-	}
-	if waiting > 0 {
-		return max(running, 1)
-	}
-	if p != nil {
-		running = max(running, int(p.seen.Load()))
-	}
-	return running + 1
-}
-
 // rate is the requests per second the pod completes with its batch full:
-// its slots over its service time, the most seen running standing in for
-// a batch size not known yet.
+// its batch size over its service time. Until the pod has queued, its batch
+// size is taken as one more than it was ever seen running, so that a pod
+// that has run one request at a time is not read as full with one.
 func (p *podMeter) rate() (float64, bool) {
 	service, slots := p.service.Load(), p.batch.Load()
 	if slots == 0 {
-		slots = max(p.seen.Load(), 1)
+		slots = p.seen.Load() + 1
 	}
 	if service <= 0 {
 		return 0, false

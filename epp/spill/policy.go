@@ -5,21 +5,26 @@
 // a request to another cluster only when a remote endpoint is expected to
 // answer sooner than the best local one by CrossMargin:
 //
-//	TTFT ≈ max(0, load − slots + 1) / service rate + round trip
+//	TTFT ≈ load / service rate + round trip
 //
 // where load is the endpoint's waiting and running requests (less, for a
 // local pod, those this picker saw end since the scrape; or this picker's
 // own requests in flight to it, when more: they may not show in the last
-// scrape yet), slots is how many requests it runs at once (a
-// continuous-batching server starts a request at once while its batch has
-// room; Meter learns a local pod's batch size from scrapes that show
-// requests waiting), the service rate is the endpoint's measured requests
-// per second with a full batch (Meter; remote endpoints, which serve the
-// same model, take the local pods' measured rate, and ServiceRate stands in
+// scrape yet), the service rate is the endpoint's measured requests per
+// second with a full batch (Meter; remote endpoints, which serve the same
+// model, take the local pods' measured rate, and ServiceRate stands in
 // until one is measured), and the round trip is the federation's
 // measurement to the endpoint's cluster (0 for local endpoints). Prefill is
 // the same for every endpoint without a prefix-cache summary, so it is left
 // out.
+//
+// Load counts whether or not the pod's batch has a free slot: a
+// continuous-batching server runs every step for its whole batch, so each
+// request it runs slows the first token of the next (a full batch about
+// doubles it); a free slot only spares the wait for one. A request
+// therefore leaves a pod that runs a few for an idle one nearby, as the
+// routing benchmark's oracle does (bench/routing), rather than staying
+// until the batch is full.
 //
 // The fixed thresholds are caps: a remote endpoint with a queue of
 // QueueDepthThreshold or more, a KV cache at least KVCacheUtilThreshold
@@ -238,22 +243,15 @@ func (p *Policy) minRTT(remote federation.Remote) time.Duration {
 	return out
 }
 
-// wait is the expected wait for a batch slot at a pod with the given
-// scraped waiting and running requests, this picker's meter of it (pm, nil
-// when it has none: no requests in flight, batch size unknown) and service
-// rate (requests/s with a full batch): none while the load (the scrape, or
-// this picker's requests in flight when more) leaves a slot free, else
-// until the requests ahead of it beyond the batch have completed.
+// wait is the expected wait at a pod with the given scraped waiting and
+// running requests, this picker's requests in flight to it (pm, nil
+// without any) and service rate (requests/s with a full batch).
 func wait(waiting, running int, pm *podMeter, rate float64) time.Duration {
 	load := int64(waiting + running)
 	if pm != nil {
 		load = max(load, pm.inflight.Load())
 	}
-	ahead := load - int64(pm.slots(running, waiting)) + 1
-	if ahead <= 0 {
-		return 0
-	}
-	return time.Duration(min(float64(ahead)/rate*float64(time.Second), float64(never/2)))
+	return time.Duration(min(float64(load)/rate*float64(time.Second), float64(never/2)))
 }
 
 // hasRoom is the headroom test.

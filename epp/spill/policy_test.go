@@ -83,13 +83,10 @@ func TestNewRefusesInvalidParameters(t *testing.T) {
 	}
 }
 
-// The estimate: wait = (load − slots + 1) / service rate when the load
-// fills the pod's slots, else none, plus the round trip for a remote
-// endpoint; a request crosses only to remote endpoints expected sooner than
-// the best local one by the margin (20 ms by default), within the caps.
-// The default service rate is 10 requests/s. A pod whose batch size is not
-// known has, with requests waiting, as many slots as run, and otherwise
-// one more than it was seen running.
+// The estimate: wait = load / service rate, plus the round trip for a
+// remote endpoint; a request crosses only to remote endpoints expected
+// sooner than the best local one by the margin (20 ms by default), within
+// the caps. The default service rate is 10 requests/s.
 func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 	type pod struct {
 		name             string
@@ -127,22 +124,24 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			return m
 		}
 	}
-	// batch is a meter that saw the named pod queue behind slots running.
-	batch := func(slots int, name string) func() *Meter {
+	// endedAfterScrape is a meter that saw a request at the named pod start
+	// before a scrape taken age ago and end since.
+	endedAfterScrape := func(age time.Duration, name string) func() *Meter {
 		return func() *Meter {
 			m := NewMeter()
-			m.pod(addr(name)).sawRunning(slots, 1)
+			m.Started(addr(name))
+			m.finished(addr(name), span{start: now.Add(-age - 50*time.Millisecond), end: now.Add(-age / 2)})
 			return m
 		}
 	}
-	// endedAfterScrape is a meter that saw the named pod, with a batch of
-	// one, run a request that started before a scrape taken age ago and
-	// ended since.
-	endedAfterScrape := func(age time.Duration, name string) func() *Meter {
+	// ranOneAtATime is a meter that timed a request of took at the named
+	// pod, never seen running more than one or queueing.
+	ranOneAtATime := func(took time.Duration, name string) func() *Meter {
 		return func() *Meter {
-			m := batch(1, name)()
+			m := NewMeter()
 			m.Started(addr(name))
-			m.finished(addr(name), span{start: now.Add(-age - 50*time.Millisecond), end: now.Add(-age / 2)})
+			m.pod(addr(name)).sawRunning(1, 0)
+			m.finished(addr(name), span{start: now.Add(-time.Second - took), end: now.Add(-time.Second)})
 			return m
 		}
 	}
@@ -166,46 +165,45 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "an idle local endpoint keeps the request", local: []pod{{"l", 0, 0, fresh}, {"l-busy", 9, 4, fresh}},
 			peers: []*federation.View{peer("w", 0, pod{"w", 0, 0, fresh})}, want: ""},
 		{name: "remote endpoints expected sooner, round trip included, soonest first",
-			local: []pod{{"l", 2, 2, fresh}}, // 3 ahead of a full batch: 300 ms
+			local: []pod{{"l", 1, 2, fresh}}, // 300 ms
 			peers: []*federation.View{peer("w", 150*time.Millisecond, pod{"w", 0, 0, fresh}, pod{"w1", 1, 0, fresh}), // 150, 250
-				peer("e", 30*time.Millisecond, pod{"e", 0, 2, fresh}, pod{"e-slow", 3, 2, fresh})}, // 30, 430
-			want: "e,w,w1"},
-		{name: "a link slower than the local wait keeps the request", local: []pod{{"l", 1, 2, fresh}}, // 200 ms
+				peer("e", 30*time.Millisecond, pod{"e", 0, 2, fresh}, pod{"e-slow", 3, 2, fresh})}, // 230, 530
+			want: "w,e,w1"},
+		{name: "a link slower than the local wait keeps the request", local: []pod{{"l", 0, 2, fresh}}, // 200 ms
 			peers: []*federation.View{peer("w", 190*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
 		{name: "without a margin the same link wins", edit: func(p *Params) { p.CrossMargin = 0 },
-			local: []pod{{"l", 1, 2, fresh}}, peers: []*federation.View{peer("w", 190*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
+			local: []pod{{"l", 0, 2, fresh}}, peers: []*federation.View{peer("w", 190*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
 		{name: "the queue cap holds even when the remote endpoint is expected sooner", local: []pod{{"l", 40, 4, fresh}},
 			peers: []*federation.View{peer("w", 0, pod{"w-q5", 5, 0, fresh}, pod{"w-q9", 9, 0, fresh})}, want: ""},
 		{name: "remote data older than the remote staleness threshold is no candidate", local: []pod{{"l", 9, 4, fresh}},
 			peers: []*federation.View{peer("w", 0, pod{"w-old", 0, 0, stale}, pod{"w", 1, 0, fresh})}, want: "w"},
-		{name: "a local pod's measured rate: a batch of 4 in 100 ms is 40/s, so 3 ahead wait 75 ms",
-			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 2, 4, fresh}},
-			peers: []*federation.View{peer("w", 60*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
-		{name: "unmeasured, the same pod waits 300 ms at the default rate",
-			local: []pod{{"l", 2, 4, fresh}}, peers: []*federation.View{peer("w", 60*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
+		{name: "a local pod's measured rate: 4 running in 100 ms is 40/s, so a load of 4 waits 100 ms",
+			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 0, 4, fresh}},
+			peers: []*federation.View{peer("w", 90*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "a pod never seen queueing is not taken as full: one running of 2 slots in 100 ms waits 50 ms",
+			meter: ranOneAtATime(100*time.Millisecond, "l"), local: []pod{{"l", 0, 1, fresh}},
+			peers: []*federation.View{peer("w", 40*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "unmeasured, the same pod waits 400 ms at the default rate",
+			local: []pod{{"l", 0, 4, fresh}}, peers: []*federation.View{peer("w", 90*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
 		{name: "remote pods take the local pods' measured rate",
-			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 4, 4, fresh}}, // 5 ahead: 125 ms
-			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 1, 4, fresh})}, want: "w"}, // 2 ahead: 80 ms, 230 at 10/s
+			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 4, 4, fresh}}, // 200 ms
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 4, fresh})}, want: "w"}, // 130 ms, 430 at 10/s
 		{name: "this picker's requests in flight count when the scrape shows fewer",
-			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 300 ms
+			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 400 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""}, // 530 ms
-		{name: "a pod never seen queueing is not taken as full: two running leave a slot free",
-			local: []pod{{"l", 0, 2, fresh}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
-		{name: "once it queued behind two, two running fill its batch: 100 ms, and the request crosses",
-			meter: batch(2, "l"), local: []pod{{"l", 0, 2, fresh}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
 		{name: "a scrape that still shows a request this picker saw end: the idle local pod keeps the request",
 			meter: endedAfterScrape(fresh, "l"), local: []pod{{"l", 0, 1, fresh}}, // 0 ms, not 100
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
-		{name: "without that request seen ending, the same scrape of a batch of one reads 100 ms and crosses",
-			meter: batch(1, "l"), local: []pod{{"l", 0, 1, fresh}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
+		{name: "without that request seen ending, the same scrape reads 100 ms and crosses",
+			local: []pod{{"l", 0, 1, fresh}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
 		{name: "stale local metrics: the remote endpoints expected soonest, whatever their load",
 			local: []pod{{"l", 0, 0, time.Minute}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh})}, want: "w-q9"},
 		{name: "no local endpoints: the same",
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh}, pod{"w-q7", 7, 0, fresh})}, want: "w-q7,w-q9"},
 		{name: "no peers", local: []pod{{"l", 9, 4, fresh}}, want: ""},
-		{name: "a longer queue with fewer of this picker's requests still ranks by its estimate", edit: func(p *Params) { p.MaxRemoteCandidates = 1 },
-			meter: inFlight(5, "w-q0"), local: []pod{{"l", 9, 4, fresh}}, // 1 s
-			peers: []*federation.View{peer("w", 0, pod{"w-q0", 0, 0, fresh}, pod{"w-q1", 1, 0, fresh})}, want: "w-q1"}, // 500 and 100 ms
+		{name: "a longer queue with fewer running still ranks by its estimate", edit: func(p *Params) { p.MaxRemoteCandidates = 1; p.QueueDepthThreshold = 5 },
+			local: []pod{{"l", 9, 4, fresh}},                                                                                    // 1.3 s
+			peers: []*federation.View{peer("w", 0, pod{"w-q0-r4", 0, 4, fresh}, pod{"w-q1-r0", 1, 0, fresh})}, want: "w-q1-r0"}, // 400 and 100 ms
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			policy := testPolicy(t, tc.edit)
@@ -267,31 +265,28 @@ func TestMeterCountsInFlightAndTimesCompletedRequestsOnly(t *testing.T) {
 	}
 }
 
-func TestSlotsAreTheBatchSizeOnceAPodQueued(t *testing.T) {
+// A pod's batch size is what ran while requests waited behind it; until a
+// pod has queued, one more than it was ever seen running.
+func TestRateTakesTheBatchSizeOnceAPodQueued(t *testing.T) {
 	for _, tc := range []struct {
-		name             string
-		scrapes          [][2]int // running, waiting
-		running, waiting int
-		want             int
+		name    string
+		scrapes [][2]int // running, waiting
+		want    float64  // requests/s at 100 ms a request
 	}{
-		{name: "no meter, idle: one slot free", want: 1},
-		{name: "no meter, requests waiting: those running fill the batch", running: 3, waiting: 2, want: 3},
-		{name: "no meter, waiting and none running: one slot", waiting: 2, want: 1},
-		{name: "never queued: one more than ever seen running", scrapes: [][2]int{{5, 0}, {2, 0}}, running: 1, want: 6},
-		{name: "never queued, running more than ever before", scrapes: [][2]int{{2, 0}}, running: 4, want: 5},
-		{name: "queued once behind 4: the batch is 4", scrapes: [][2]int{{4, 1}, {6, 0}}, running: 1, want: 4},
-		{name: "the largest batch seen queueing", scrapes: [][2]int{{4, 1}, {3, 2}, {6, 1}}, want: 6},
+		{name: "never scraped: a batch of one", want: 10},
+		{name: "never queued, one at a time: not full with one", scrapes: [][2]int{{1, 0}}, want: 20},
+		{name: "never queued: one more than ever seen running", scrapes: [][2]int{{5, 0}, {2, 0}}, want: 60},
+		{name: "queued behind 4: a batch of 4, whatever ran since", scrapes: [][2]int{{4, 1}, {6, 0}}, want: 40},
+		{name: "the largest batch seen queueing", scrapes: [][2]int{{4, 1}, {3, 2}, {6, 1}}, want: 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var p *podMeter
-			if tc.scrapes != nil {
-				p = &podMeter{}
-				for _, sc := range tc.scrapes {
-					p.sawRunning(sc[0], sc[1])
-				}
+			p := &podMeter{}
+			for _, sc := range tc.scrapes {
+				p.sawRunning(sc[0], sc[1])
 			}
-			if got := p.slots(tc.running, tc.waiting); got != tc.want {
-				t.Fatalf("slots = %d, want %d", got, tc.want)
+			p.service.Store(int64(100 * time.Millisecond))
+			if got, ok := p.rate(); !ok || got != tc.want {
+				t.Fatalf("rate = %v (%v), want %v", got, ok, tc.want)
 			}
 		})
 	}
