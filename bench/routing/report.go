@@ -452,7 +452,7 @@ func (r *results) markdown() string {
 }
 
 // reading explains the figures: the mechanisms behind them, with this
-// run's numbers.
+// run's numbers, for the scenarios that ran with fleetinfer.
 func (r *results) reading() string {
 	get := func(sc, pol string) summary {
 		for _, m := range r.Summary {
@@ -462,37 +462,69 @@ func (r *results) reading() string {
 		}
 		return summary{}
 	}
+	ran := func(scenarios ...string) bool {
+		for _, sc := range scenarios {
+			if get(sc, "fleetinfer").Scenario == "" {
+				return false
+			}
+		}
+		return true
+	}
 	var b strings.Builder
 	b.WriteString("## Reading the results\n\n")
-	hotF, hotRR, hotLL, hotO := get("hot-cluster", "fleetinfer"), get("hot-cluster", "round-robin"), get("hot-cluster", "least-load"), get("hot-cluster", "oracle")
-	fmt.Fprintf(&b, "**Hot cluster.** fleetinfer's pickers send a request to another cluster only when a pod there is expected to answer sooner, "+
-		"round trip included: %.0f%% of its requests crossed (round-robin %.0f%%, least-load %.0f%%, oracle %.0f%%), p99 %.0f ms against %.0f (round-robin), "+
-		"%.0f (least-load) and %.0f (oracle). Every crossing pays its link's round trip (19–34 ms here) on top of an extra gateway and picker.\n\n",
-		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotLL.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotRR.P99Ms, hotLL.P99Ms, hotO.P99Ms)
-	mvF, mvLL := get("moving-hotspot", "fleetinfer"), get("moving-hotspot", "least-load")
-	slF, slLL := get("slowing-link", "fleetinfer"), get("slowing-link", "least-load")
-	fmt.Fprintf(&b, "**Moving hot spot and slowing link.** Goodput at the SLO: fleetinfer %.1f and %.1f req/s, least-load %.1f and %.1f. "+
-		"fleetinfer's estimate reads each pod's load as its picker's peers publish it (every 50 ms) and each link's round trip as its federation pings "+
-		"measure it (every 500 ms, each moving the estimate halfway), so a hot spot that moves and a link that slows change where requests cross within "+
-		"about a second; SkyServe's least-load counts its own requests per cluster and knows nothing of links.\n\n",
-		mvF.Goodput, slF.Goodput, mvLL.Goodput, slLL.Goodput)
-	pl, pf, po := get("prefix-heavy", "gie-local"), get("prefix-heavy", "fleetinfer"), get("prefix-heavy", "oracle")
-	rf, ro := get("prefix-remote", "fleetinfer"), get("prefix-remote", "oracle")
-	fmt.Fprintf(&b, "**Prefixes.** Share of prompt tokens found in the simulators' caches: prefix-heavy %.0f%% under cluster-local GIE, %.0f%% under "+
-		"fleetinfer, %.0f%% under the oracle; prefix-remote %.0f%% under fleetinfer, %.0f%% under the oracle. The oracle knows where every prefix is cached; "+
-		"fleetinfer's pickers know only what their own routing placed (GIE's approximate prefix scorer), and in this build publish no prefix summary to "+
-		"their peers, so a request entering a cluster that does not hold its prefix cannot be sent to the one that does.\n\n",
-		100*pl.CacheHit, 100*pf.CacheHit, 100*po.CacheHit, 100*rf.CacheHit, 100*ro.CacheHit)
-	lostLL, lostRR, lostF := get("cluster-lost", "least-load"), get("cluster-lost", "round-robin"), get("cluster-lost", "fleetinfer")
-	fmt.Fprintf(&b, "**Cluster lost.** The pickers of the clusters that remain drop the lost cluster's pods when its picker's stream breaks, so fleetinfer "+
-		"loses only the requests in flight there (%.1f%% of its requests failed). SkyServe keeps the lost gateway in its ready set until the next sync; "+
-		"a connection to it is refused at once, so under `LeastLoadPolicy` it always has the least load and attracts every request, each tried three "+
-		"times over 2.6 s before failing (%.0f%% failed), while round-robin fails only the attempts whose turn it is (%.0f%%).\n\n",
-		100*lostF.ErrorShare, 100*lostLL.ErrorShare, 100*lostRR.ErrorShare)
+	if ran("hot-cluster") {
+		r.readHotCluster(&b, get)
+	}
+	if ran("moving-hotspot", "slowing-link") {
+		r.readMoving(&b, get)
+	}
+	if ran("prefix-heavy", "prefix-remote") {
+		r.readPrefixes(&b, get)
+	}
+	if ran("cluster-lost") {
+		r.readLost(&b, get)
+	}
 	b.WriteString("**Noise.** This machine has 2 cores and other work ran beside the benchmark (load averages and the load generator's send lag " +
 		"are in the tables): a run whose send lag reaches hundreds of milliseconds had everything on the machine stalled for about as long, " +
 		"which shows as a TTFT tail whatever the policy. The ranges show how far repetitions differ.\n\n")
 	return b.String()
+}
+
+func (*results) readHotCluster(b *strings.Builder, get func(sc, pol string) summary) {
+	hotF, hotRR, hotLL, hotO := get("hot-cluster", "fleetinfer"), get("hot-cluster", "round-robin"), get("hot-cluster", "least-load"), get("hot-cluster", "oracle")
+	fmt.Fprintf(b, "**Hot cluster.** fleetinfer's pickers send a request to another cluster only when a pod there is expected to answer sooner, "+
+		"round trip included: %.0f%% of its requests crossed (round-robin %.0f%%, least-load %.0f%%, oracle %.0f%%), p99 %.0f ms against %.0f (round-robin), "+
+		"%.0f (least-load) and %.0f (oracle). Every crossing pays its link's round trip (19–34 ms here) on top of an extra gateway and picker.\n\n",
+		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotLL.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotRR.P99Ms, hotLL.P99Ms, hotO.P99Ms)
+}
+
+func (*results) readMoving(b *strings.Builder, get func(sc, pol string) summary) {
+	mvF, mvLL := get("moving-hotspot", "fleetinfer"), get("moving-hotspot", "least-load")
+	slF, slLL := get("slowing-link", "fleetinfer"), get("slowing-link", "least-load")
+	fmt.Fprintf(b, "**Moving hot spot and slowing link.** Goodput at the SLO: fleetinfer %.1f and %.1f req/s, least-load %.1f and %.1f. "+
+		"fleetinfer's estimate reads each pod's load as its picker's peers publish it (every 50 ms) and each link's round trip as its federation pings "+
+		"measure it (every 500 ms, each moving the estimate halfway), so a hot spot that moves and a link that slows change where requests cross within "+
+		"about a second; SkyServe's least-load counts its own requests per cluster and knows nothing of links.\n\n",
+		mvF.Goodput, slF.Goodput, mvLL.Goodput, slLL.Goodput)
+}
+
+func (*results) readPrefixes(b *strings.Builder, get func(sc, pol string) summary) {
+	pl, pf, po := get("prefix-heavy", "gie-local"), get("prefix-heavy", "fleetinfer"), get("prefix-heavy", "oracle")
+	rf, ro := get("prefix-remote", "fleetinfer"), get("prefix-remote", "oracle")
+	fmt.Fprintf(b, "**Prefixes.** Share of prompt tokens found in the simulators' caches: prefix-heavy %.0f%% under cluster-local GIE, %.0f%% under "+
+		"fleetinfer, %.0f%% under the oracle; prefix-remote %.0f%% under fleetinfer, %.0f%% under the oracle. The oracle knows where every prefix is cached; "+
+		"fleetinfer's pickers know only what their own routing placed (GIE's approximate prefix scorer), and in this build publish no prefix summary to "+
+		"their peers, so a request entering a cluster that does not hold its prefix cannot be sent to the one that does.\n\n",
+		100*pl.CacheHit, 100*pf.CacheHit, 100*po.CacheHit, 100*rf.CacheHit, 100*ro.CacheHit)
+}
+
+func (*results) readLost(b *strings.Builder, get func(sc, pol string) summary) {
+	lostLL, lostRR, lostF := get("cluster-lost", "least-load"), get("cluster-lost", "round-robin"), get("cluster-lost", "fleetinfer")
+	fmt.Fprintf(b, "**Cluster lost.** The pickers of the clusters that remain drop the lost cluster's pods when its picker's stream breaks, so fleetinfer "+
+		"loses only the requests in flight there (%.1f%% of its requests failed). SkyServe keeps the lost gateway in its ready set until the next sync; "+
+		"a connection to it is refused at once, so under `LeastLoadPolicy` it always has the least load and attracts every request, each tried three "+
+		"times over 2.6 s before failing (%.0f%% failed), while round-robin fails only the attempts whose turn it is (%.0f%%).\n\n",
+		100*lostF.ErrorShare, 100*lostLL.ErrorShare, 100*lostRR.ErrorShare)
 }
 
 const skyServeNote = "SkyServe, as read in skypilot-org/skypilot `sky/serve/load_balancing_policies.py` (`LeastLoadPolicy`, registered with `default=True`; " +

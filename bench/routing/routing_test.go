@@ -316,3 +316,22 @@ func TestRemoteAgeAndForwardsTwiceFromThePickersCounts(t *testing.T) {
 		t.Errorf("without counts: %+v", none)
 	}
 }
+
+// A run of some scenarios explains only those: a paragraph about a
+// scenario that did not run would quote zeros as its figures.
+func TestReadingExplainsOnlyTheScenariosThatRan(t *testing.T) {
+	r := &results{Summary: []summary{{Scenario: "hot-cluster", Policy: "fleetinfer"}, {Scenario: "moving-hotspot", Policy: "fleetinfer"}}}
+	got := r.reading()
+	for _, want := range []string{"**Hot cluster.**", "**Noise.**"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %q in:\n%s", want, got)
+		}
+	}
+	// The moving hot spot's paragraph also quotes the slowing link, which
+	// did not run.
+	for _, absent := range []string{"**Moving hot spot", "**Prefixes.**", "**Cluster lost.**"} {
+		if strings.Contains(got, absent) {
+			t.Errorf("%q for a scenario that did not run:\n%s", absent, got)
+		}
+	}
+}
