@@ -16,8 +16,6 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -92,14 +90,7 @@ func startFederation(t *testing.T, simArgs map[string]string, replicas map[strin
 	}
 	// The pool's pods would otherwise run, and take CPU, for the rest of
 	// the suite.
-	t.Cleanup(func() {
-		for _, m := range opts.Members {
-			_ = m.Cluster.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opts.Namespace}})
-		}
-		for _, m := range opts.Members {
-			noPods(t, m.Cluster, opts.Namespace, nil)
-		}
-	})
+	removeNamespaceOnCleanup(t, opts.Namespace, fl.Spokes...)
 	pool, err := fedpool.Deploy(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)

@@ -30,13 +30,23 @@ func namespace(t *testing.T, c *fleet.Cluster) string {
 			t.Fatal(err)
 		}
 	}
-	// Tests share the fleet and some count free GPUs: a test's pods go with
-	// it.
-	t.Cleanup(func() {
-		_ = c.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
-		noPods(t, c, name, nil)
-	})
+	removeNamespaceOnCleanup(t, name, c)
 	return name
+}
+
+// removeNamespaceOnCleanup deletes namespace ns from each cluster when the
+// test ends and waits for its pods to go: tests share the fleet, and some
+// count free GPUs.
+func removeNamespaceOnCleanup(t *testing.T, ns string, clusters ...*fleet.Cluster) {
+	t.Helper()
+	t.Cleanup(func() {
+		for _, c := range clusters {
+			_ = c.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+		}
+		for _, c := range clusters {
+			noPods(t, c, ns, nil)
+		}
+	})
 }
 
 // noPodsWithin bounds noPods. A pod goes once its controller, the garbage

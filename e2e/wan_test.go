@@ -18,9 +18,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
@@ -62,14 +59,7 @@ func startParentPool(t *testing.T, eppArgs ...string) *parentPool {
 	for _, s := range fl.Spokes {
 		opts.Members = append(opts.Members, &fedpool.Member{Cluster: s, Replicas: 1, SimArgs: wanSimArgs, Mode: fleetv1alpha1.FederationParent})
 	}
-	t.Cleanup(func() {
-		for _, s := range fl.Spokes {
-			_ = s.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opts.Namespace}})
-		}
-		for _, s := range fl.Spokes {
-			noPods(t, s, opts.Namespace, nil)
-		}
-	})
+	removeNamespaceOnCleanup(t, opts.Namespace, fl.Spokes...)
 	began := time.Now()
 	pool, err := fedpool.Deploy(ctx, opts)
 	if err != nil {
