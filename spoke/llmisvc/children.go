@@ -41,10 +41,22 @@ const hashAnnotation = "fleetinfer.io/applied-hash"
 // ensure creates want, or updates the existing object through sync, as the
 // service's controlled child. Unchanged objects cost no write.
 func ensure[T client.Object](ctx context.Context, r *Reconciler, owner client.Object, want T, sync syncFunc[T]) error {
+	_, err := ensureObserved(ctx, r, owner, want, sync)
+	return err
+}
+
+// ensureObserved is ensure for a child whose status the service reports: it
+// returns the child as this reconcile left it, the API server's answer when
+// it wrote and the cached object otherwise. Reading the cache again after a
+// write can return the object from before it, whose status describes the
+// previous spec: a Deployment just given a new pod template would still look
+// rolled out, and the service would turn Ready on its old pods.
+func ensureObserved[T client.Object](ctx context.Context, r *Reconciler, owner client.Object, want T, sync syncFunc[T]) (T, error) {
+	var none T
 	kind := kindOf(r, want)
 	hash, err := appliedHash(want)
 	if err != nil {
-		return err
+		return none, err
 	}
 	ann := want.GetAnnotations()
 	if ann == nil {
@@ -54,33 +66,33 @@ func ensure[T client.Object](ctx context.Context, r *Reconciler, owner client.Ob
 	want.SetAnnotations(ann)
 	if want.GetNamespace() != "" {
 		if err := controllerutil.SetControllerReference(owner, want, r.Scheme()); err != nil {
-			return err
+			return none, err
 		}
 	}
 	cur := reflect.New(reflect.TypeOf(want).Elem()).Interface().(T)
 	err = r.Get(ctx, client.ObjectKeyFromObject(want), cur)
 	if apierrors.IsNotFound(err) {
 		if err := r.Create(ctx, want); err != nil {
-			return fmt.Errorf("create %s %s: %w", kind, want.GetName(), err)
+			return none, fmt.Errorf("create %s %s: %w", kind, want.GetName(), err)
 		}
 		r.recorder.Eventf(owner, corev1.EventTypeNormal, "Created", "Created %s %s", kind, want.GetName())
-		return nil
+		return want, nil
 	}
 	if err != nil {
-		return err
+		return none, err
 	}
 	if !ownedBy(cur, owner) {
-		return &NotOwnedError{Kind: kind, Name: want.GetName()}
+		return none, &NotOwnedError{Kind: kind, Name: want.GetName()}
 	}
 	stale := cur.GetAnnotations()[hashAnnotation] != hash
 	changed := mergeMeta(cur, want)
 	if sync(cur, want, stale) || changed {
 		if err := r.Update(ctx, cur); err != nil {
-			return fmt.Errorf("update %s %s: %w", kind, want.GetName(), err)
+			return none, fmt.Errorf("update %s %s: %w", kind, want.GetName(), err)
 		}
 		r.recorder.Eventf(owner, corev1.EventTypeNormal, "Updated", "Updated %s %s", kind, want.GetName())
 	}
-	return nil
+	return cur, nil
 }
 
 // remove deletes obj if it exists and the service controls it; objects of
@@ -175,11 +187,11 @@ func kindOf(r *Reconciler, obj client.Object) string {
 	return gvk.Kind
 }
 
-// notObserved marks a condition False when the state of the object behind
-// it could not be read, as when the cache has not yet seen an object just
-// created: an absent sub-condition would count as met in WorkloadsReady or
-// RouterReady. A NotFound is that cache lag, which the watch on the object
-// ends; any other error is returned for a retry.
+// notObserved marks a condition False when the state behind it (a child, or
+// the pods of a LeaderWorkerSet's groups) could not be read: an absent
+// sub-condition would count as met in WorkloadsReady or RouterReady. A
+// NotFound is a cache that has not seen an object yet, which the watch on
+// it ends; any other error is returned for a retry.
 func notObserved(svc *v1alpha2.LLMInferenceService, cond v1alpha2.ConditionType, kind, name string, err error) error {
 	if apierrors.IsNotFound(err) {
 		svc.Status.MarkFalse(cond, "Creating", "%s %s was created and is not observed yet", kind, name)

@@ -46,19 +46,16 @@ func (r *Reconciler) reconcileManagedRoute(ctx context.Context, svc *v1alpha2.LL
 	if federates(svc) {
 		addForwardedRule(&want.Spec, svc.Namespace, poolName(svc))
 	}
-	if err := ensure(ctx, r, svc, want, func(cur, want *gwapiv1.HTTPRoute, stale bool) bool {
+	cur, err := ensureObserved(ctx, r, svc, want, func(cur, want *gwapiv1.HTTPRoute, stale bool) bool {
 		if !stale && derivedEqual(want.Spec, cur.Spec) {
 			return false
 		}
 		cur.Spec = want.Spec
 		return true
-	}); err != nil {
+	})
+	if err != nil {
 		st.MarkFalse(v1alpha2.HTTPRoutesReady, reconcileFailedReason(err), "%v", err)
 		return err
-	}
-	cur := &gwapiv1.HTTPRoute{}
-	if err := r.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
-		return notObserved(svc, v1alpha2.HTTPRoutesReady, "HTTPRoute", want.Name, err)
 	}
 	rt.addRoute(cur)
 	return nil

@@ -63,11 +63,11 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 		st.MarkFalse(v1alpha2.SchedulerWorkloadReady, ReasonInvalidSchedulerConfig, "%v", err)
 		return err
 	}
-	if err := ensure(ctx, r, owner, dep, syncDeployment); err != nil {
+	if cur, err := ensureObserved(ctx, r, owner, dep, syncDeployment); err != nil {
 		st.MarkFalse(v1alpha2.SchedulerWorkloadReady, reconcileFailedReason(err), "%v", err)
 		errs = append(errs, err)
 	} else {
-		errs = append(errs, r.observeEPP(ctx, svc, dep))
+		observeEPP(svc, cur)
 	}
 	epp := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: rt.eppSvc, Namespace: svc.Namespace, Labels: eppLabels},
@@ -90,21 +90,18 @@ func (r *Reconciler) reconcileScheduler(ctx context.Context, svc *v1alpha2.LLMIn
 	if v := svc.Annotations[fleetv1alpha1.ExportAnnotation]; v != "" {
 		want.Annotations = map[string]string{fleetv1alpha1.ExportAnnotation: v}
 	}
-	if err := ensure(ctx, r, owner, want, func(cur, want *igwapiv1.InferencePool, stale bool) bool {
+	cur, err := ensureObserved(ctx, r, owner, want, func(cur, want *igwapiv1.InferencePool, stale bool) bool {
 		if !stale && derivedEqual(want.Spec, cur.Spec) {
 			return false
 		}
 		cur.Spec = want.Spec
 		return true
-	}); err != nil {
+	})
+	if err != nil {
 		st.MarkFalse(v1alpha2.InferencePoolReady, reconcileFailedReason(err), "%v", err)
 		return errors.Join(append(errs, err)...)
 	}
-	rt.pool = &igwapiv1.InferencePool{}
-	if err := r.Get(ctx, client.ObjectKeyFromObject(want), rt.pool); err != nil {
-		rt.pool = nil
-		errs = append(errs, notObserved(svc, v1alpha2.InferencePoolReady, "InferencePool", want.Name, err))
-	}
+	rt.pool = cur
 	return errors.Join(errs...)
 }
 
@@ -289,11 +286,7 @@ func eppServicePorts(pod *corev1.PodSpec, pool *igwapiv1.InferencePoolSpec) []co
 	return ports
 }
 
-func (r *Reconciler) observeEPP(ctx context.Context, svc *v1alpha2.LLMInferenceService, want *appsv1.Deployment) error {
-	cur := &appsv1.Deployment{}
-	if err := r.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
-		return notObserved(svc, v1alpha2.SchedulerWorkloadReady, "Deployment", want.Name, err)
-	}
+func observeEPP(svc *v1alpha2.LLMInferenceService, cur *appsv1.Deployment) {
 	svc.Status.Workloads.Scheduler = &v1alpha2.ObservedWorkloadStatus{
 		TypedLocalObjectReference: corev1.TypedLocalObjectReference{APIGroup: ptr.To("apps"), Kind: "Deployment", Name: cur.Name},
 		ReadyReplicas:             ptr.To(cur.Status.ReadyReplicas),
@@ -301,7 +294,7 @@ func (r *Reconciler) observeEPP(ctx context.Context, svc *v1alpha2.LLMInferenceS
 	for _, c := range cur.Status.Conditions {
 		if c.Type == appsv1.DeploymentProgressing && c.Status == corev1.ConditionFalse {
 			svc.Status.MarkFalse(v1alpha2.SchedulerWorkloadReady, c.Reason, "endpoint picker %s: %s", cur.Name, c.Message)
-			return nil
+			return
 		}
 	}
 	if cur.Status.AvailableReplicas > 0 {
@@ -309,7 +302,6 @@ func (r *Reconciler) observeEPP(ctx context.Context, svc *v1alpha2.LLMInferenceS
 	} else {
 		svc.Status.MarkFalse(v1alpha2.SchedulerWorkloadReady, ReasonSchedulerNotReady, "endpoint picker %s has no available replica yet", cur.Name)
 	}
-	return nil
 }
 
 func (r *Reconciler) removeScheduler(ctx context.Context, svc *v1alpha2.LLMInferenceService, owner client.Object) error {

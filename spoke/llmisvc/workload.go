@@ -105,13 +105,10 @@ func (r *Reconciler) reconcileDeployment(ctx context.Context, svc *v1alpha2.LLMI
 			Template: r.podTemplate(svc, s, p.spec, p.spec.Template, labels),
 		},
 	}
-	if err := ensure(ctx, r, svc, want, syncDeployment); err != nil {
+	cur, err := ensureObserved(ctx, r, svc, want, syncDeployment)
+	if err != nil {
 		svc.Status.MarkFalse(p.singleCond, reconcileFailedReason(err), "%v", err)
 		return err
-	}
-	cur := &appsv1.Deployment{}
-	if err := r.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
-		return notObserved(svc, p.singleCond, "Deployment", want.Name, err)
 	}
 	observe := &v1alpha2.ObservedWorkloadStatus{
 		TypedLocalObjectReference: corev1.TypedLocalObjectReference{APIGroup: ptr.To("apps"), Kind: "Deployment", Name: cur.Name},
@@ -208,13 +205,10 @@ func (r *Reconciler) reconcileLWS(ctx context.Context, svc *v1alpha2.LLMInferenc
 	if prefill && p.spec.Parallelism != nil && p.spec.Parallelism.Data != nil {
 		want.Spec.LeaderWorkerTemplate.SubGroupPolicy = &lwsv1.SubGroupPolicy{SubGroupSize: ptr.To(size)}
 	}
-	if err := ensure(ctx, r, svc, want, syncLWS); err != nil {
+	cur, err := ensureObserved(ctx, r, svc, want, syncLWS)
+	if err != nil {
 		svc.Status.MarkFalse(p.multiCond, reconcileFailedReason(err), "%v", err)
 		return err
-	}
-	cur := &lwsv1.LeaderWorkerSet{}
-	if err := r.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
-		return notObserved(svc, p.multiCond, "LeaderWorkerSet", want.Name, err)
 	}
 	observe := &v1alpha2.ObservedWorkloadStatus{
 		TypedLocalObjectReference: corev1.TypedLocalObjectReference{APIGroup: ptr.To(lwsv1.GroupVersion.Group), Kind: "LeaderWorkerSet", Name: cur.Name},
