@@ -12,6 +12,7 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
@@ -48,9 +49,11 @@ type candidates struct {
 	// which; nil (no cross-cluster-filter configured) admits every fresh
 	// one next to the local ones.
 	spill *spill.Policy
-	// meter holds this picker's measurements of the pods it sends to, for
-	// the spill policy's estimate.
-	meter *spill.Meter
+	// meter holds this picker's measurements of the pods it sends to, and
+	// prefixes its record of the prompts it sent them, for the spill
+	// policy's estimate.
+	meter    *spill.Meter
+	prefixes *prefixes.Index
 	// failOpen reports the pool's failureMode.
 	failOpen func(ctx context.Context) bool
 	// crossings leaves out the remote clusters a request may not cross to
@@ -96,7 +99,11 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 		c.observeLag(ctx, remote, now)
 		return remote.AppendFresh(local)
 	}
-	spilled := c.spill.Remote(local, remote, c.meter)
+	var prompt spill.Prompt
+	if p := pickOf(ctx); p != nil && c.prefixes != nil {
+		prompt = spill.Prompt{Hashes: p.promptOf(nil), Local: c.prefixes}
+	}
+	spilled := c.spill.Remote(local, remote, c.meter, prompt)
 	if len(spilled) == 0 {
 		return local
 	}

@@ -51,8 +51,11 @@ type director struct {
 }
 
 func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestContext) (*handlers.RequestContext, error) {
-	rc, err := d.Director.HandleRequest(ctx, reqCtx)
 	p := pickOf(ctx)
+	if p != nil {
+		p.request = reqCtx
+	}
+	rc, err := d.Director.HandleRequest(ctx, reqCtx)
 	if err != nil || p == nil || len(p.targets) == 0 {
 		return rc, err
 	}

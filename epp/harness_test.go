@@ -35,6 +35,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 	"github.com/fleetinfer/fleetinfer/epp/marks"
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
@@ -62,14 +63,19 @@ func (d *fakeDatastore) PodList(pred func(fwkdl.Endpoint) bool) []fwkdl.Endpoint
 }
 
 // fakeRemote stands in for the federation store: one view per cluster of
-// its endpoints, none of them stale.
-type fakeRemote struct{ eps []fwkdl.Endpoint }
+// its endpoints, none of them stale, with the prefix summaries given by
+// endpoint name.
+type fakeRemote struct {
+	eps      []fwkdl.Endpoint
+	prefixes map[string]*prefixes.Summary
+}
 
 func (r *fakeRemote) Remote(now time.Time) federation.Remote {
 	byCluster := map[*federation.Origin][]federation.Entry{}
 	for _, ep := range r.eps {
 		o := federation.OriginOf(ep.GetAttributes())
-		byCluster[o] = append(byCluster[o], federation.Entry{Endpoint: ep.(*fwkdl.ModelServer), Updated: ep.GetMetrics().UpdateTime})
+		byCluster[o] = append(byCluster[o], federation.Entry{Endpoint: ep.(*fwkdl.ModelServer), Updated: ep.GetMetrics().UpdateTime,
+			Prefixes: r.prefixes[ep.GetMetadata().NamespacedName.Name]})
 	}
 	out := federation.Remote{Stale: now.Add(-time.Hour)}
 	for o, entries := range byCluster {
@@ -144,8 +150,8 @@ func newGatedHarness(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoint
 	policy, handle, cfg := loadFleetinferConfig(t, config)
 	ds := &fakeDatastore{local: local}
 	h := &harness{crossings: g}
-	rec := pickRecorder{meter: spill.NewMeter()}
-	cands := &candidates{ds: ds, remote: remote, spill: policy, meter: rec.meter, crossings: g,
+	rec := pickRecorder{meter: spill.NewMeter(), prefixes: prefixes.NewIndex()}
+	cands := &candidates{ds: ds, remote: remote, spill: policy, meter: rec.meter, prefixes: rec.prefixes, crossings: g,
 		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
 	rc := requestcontrol.NewConfig()
 	rc.AddPlugins(rec)

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -25,6 +26,7 @@ import (
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 	"github.com/fleetinfer/fleetinfer/epp/marks"
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 )
 
 // FederationOptions are the federation's command-line flags. Federation is
@@ -156,7 +158,18 @@ type federationParts struct {
 	reload     time.Duration
 	cluster    string
 	pool       types.NamespacedName
+	// forget drops the prefix record of pods that went away.
+	forget func()
 }
+
+// prefixSummaryInterval is the shortest time between two prefix summaries
+// of one endpoint sent to peers: a summary is 1 KiB, so this bounds them to
+// 1 KiB a second per endpoint and peer, while a prefix cached in one
+// cluster reaches the others' estimates within about a second.
+const prefixSummaryInterval = time.Second
+
+// forgetInterval is how often the prefix record drops pods that went away.
+const forgetInterval = time.Minute
 
 // marker signs this picker's Parent-mode marks with its federation key and
 // verifies its peers' against the CA bundle and the peer directory.
@@ -165,7 +178,7 @@ func (f *federationParts) marker() *marker {
 		verifier: &marks.Verifier{Pool: f.pool, Roots: f.creds.Roots, Identity: federation.PeerIdentity(f.dir, f.pool, f.cluster)}}
 }
 
-func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datastore, log logr.Logger) (*federationParts, error) {
+func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datastore, index *prefixes.Index, log logr.Logger) (*federationParts, error) {
 	if o.PeersFile == "" {
 		return &federationParts{}, nil
 	}
@@ -182,12 +195,20 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 	limits := federation.Limits{MaxMessageBytes: o.MaxMessageBytes, MaxEndpoints: o.MaxEndpoints,
 		MaxMessagesPerSecond: o.MaxMessageRate, MaxBytesPerSecond: o.MaxByteRate}
 	store := federation.NewStore(o.Staleness)
+	forget := func() {
+		present := map[types.NamespacedName]bool{}
+		for _, ep := range ds.PodList(datastore.AllPodsPredicate) {
+			present[ep.GetMetadata().NamespacedName] = true
+		}
+		index.Retain(func(pod types.NamespacedName) bool { return present[pod] })
+	}
 	return &federationParts{
-		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool,
+		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool, forget: forget,
 		publisher: federation.NewPublisher(federation.PublisherOptions{
 			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
 			Interval: o.PublishInterval, Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,
 			Authorize: federation.Authorize(dir, pool, o.Cluster), Roots: creds.Roots, Buffer: o.SubscriberBuffer, Limits: limits, Log: log,
+			Prefixes: index.Summary, PrefixInterval: prefixSummaryInterval,
 		}),
 		subscriber: federation.NewSubscriber(federation.SubscriberOptions{
 			Cluster: o.Cluster, Pool: pool, DefaultMode: mode, Store: store, Credentials: creds, Limits: limits,
@@ -216,6 +237,10 @@ func (f *federationParts) addTo(mgr manager.Manager) error {
 			return nil
 		}),
 		runFunc(func(ctx context.Context) error { f.creds.Run(ctx, f.reload); return nil }),
+		runFunc(func(ctx context.Context) error {
+			wait.UntilWithContext(ctx, func(context.Context) { f.forget() }, forgetInterval)
+			return nil
+		}),
 	} {
 		if err := mgr.Add(r); err != nil {
 			return err

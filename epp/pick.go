@@ -10,9 +10,11 @@ import (
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/marks"
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
@@ -39,6 +41,29 @@ type pick struct {
 	// flight there, metering whether it does.
 	metered  types.NamespacedName
 	metering bool
+	// request is GIE's context of the request, which the director wrapper
+	// hands on before GIE parses the body into it; prompt is its prompt's
+	// block hashes once computed (see promptOf).
+	request *handlers.RequestContext
+	prompt  []uint64
+	hashed  bool
+}
+
+// promptOf returns the block hashes of the request's prompt (package
+// prefixes), computed once per request, from the LLMRequest GIE parsed;
+// nil before it did.
+func (p *pick) promptOf(req *fwksched.LLMRequest) []uint64 {
+	if p.hashed {
+		return p.prompt
+	}
+	if req == nil && p.request != nil {
+		req = p.request.SchedulingRequest
+	}
+	if req == nil || req.Body == nil {
+		return nil
+	}
+	p.prompt, p.hashed = prefixes.Hashes(req.TargetModel, req.Body.PromptText()), true
+	return p.prompt
 }
 
 // pickKey is the context key of a request's *pick, the one piece of
@@ -49,9 +74,12 @@ type pick struct {
 // its Director, the candidate lookup and the plugins. Then, in order:
 //
 //   - markingStream, on the request headers, writes the verified mark;
-//   - candidates reads the mark, and asks forRequest whether there is a pick;
+//   - director, before GIE's, writes GIE's request context;
+//   - candidates reads the mark, asks forRequest whether there is a pick,
+//     and hashes the prompt GIE parsed into that context;
 //   - pickRecorder (a PreRequest plugin) writes the targets, pickedAt and
-//     crossed, and starts the request in the meter;
+//     crossed, starts the request in the meter and records a local
+//     target's prompt blocks in the prefix index;
 //   - director reads them, tells the crossing gate, and writes the marks;
 //   - markingStream reads the marks into the request-headers response.
 //
@@ -81,11 +109,13 @@ func forRequest(ctx context.Context) bool { return pickOf(ctx) != nil }
 const pickRecorderType = "fleetinfer-pick-recorder"
 
 // pickRecorder records the primary profile's targets in the request's
-// pick, with when it was picked and the primary target's cluster, and the
+// pick, with when it was picked and the primary target's cluster, the
 // request's start and end at its primary target in the spill policy's
-// meter (nil: none).
+// meter (nil: none), and its prompt's blocks as held by a local primary
+// target in the prefix index (nil: none).
 type pickRecorder struct {
-	meter *spill.Meter
+	meter    *spill.Meter
+	prefixes *prefixes.Index
 }
 
 var (
@@ -97,7 +127,7 @@ func (pickRecorder) TypedName() fwkplugin.TypedName {
 	return fwkplugin.TypedName{Type: pickRecorderType, Name: pickRecorderType}
 }
 
-func (r pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
+func (r pickRecorder) PreRequest(ctx context.Context, req *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
 	p := pickOf(ctx)
 	if p == nil || result == nil {
 		return
@@ -111,6 +141,8 @@ func (r pickRecorder) PreRequest(ctx context.Context, _ *fwksched.LLMRequest, re
 	p.pickedAt, p.crossed = time.Now(), ""
 	if o := federation.OriginOf(p.targets[0]); o != nil {
 		p.crossed = o.Cluster
+	} else if r.prefixes != nil {
+		r.prefixes.Record(p.targets[0].GetMetadata().NamespacedName, p.promptOf(req))
 	}
 	if r.meter == nil || p.metering {
 		return

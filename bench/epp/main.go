@@ -34,6 +34,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fleetinfer/fleetinfer/bench/internal/host"
+	"github.com/fleetinfer/fleetinfer/epp"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
@@ -140,7 +141,7 @@ func run(ctx context.Context, c config) error {
 		{name: "fleetinfer", binary: c.epp, federated: c.peers * c.perPeer, args: []string{
 			"--federation-cluster=local", "--federation-peers-file=" + peersFile, "--federation-port=" + portString(fedPort),
 			"--federation-cert-file=" + tls.Cert, "--federation-key-file=" + tls.Key, "--federation-ca-file=" + tls.CA,
-			"--federation-allow-loopback"}},
+			"--federation-allow-loopback", "--config-text=" + fleetConfig}},
 	}
 	if c.profile != "" {
 		return profilePhases(ctx, c, variants, cp.AdminKubeconfig(), servers, dir, c.profile, reg)
@@ -158,6 +159,12 @@ func run(ctx context.Context, c config) error {
 	res.summarize()
 	return res.write(c.out)
 }
+
+// fleetConfig is fleetinfer's default configuration with the estimate's
+// prefill term on (prefillPerToken), so that every pick hashes its prompt
+// and reads the prefix record and the peers' summaries.
+var fleetConfig = strings.Replace(epp.DefaultConfig(), "- type: cross-cluster-filter\n",
+	"- type: cross-cluster-filter\n  parameters: {prefillPerToken: 400us}\n", 1)
 
 type variant struct {
 	name, binary string

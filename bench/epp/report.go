@@ -66,7 +66,9 @@ func (r *results) summarize() {
 			"(every pod re-scraped each 50 ms, a tenth of them changing each time). 'headroom': local pods report empty queues; " +
 			"'saturated': they report 10 waiting requests, so fleetinfer's estimate (10 requests at the default 10/s: 1 s) sends requests to " +
 			"remote pods, expected sooner by far more than the margin (their round trip is the loopback's): its candidates are the 16 remote pods expected " +
-			"soonest (maxRemoteCandidates, chosen from the 900 in its federated view), where stock GIE scores all 100 local pods."}
+			"soonest (maxRemoteCandidates, chosen from the 900 in its federated view), where stock GIE scores all 100 local pods. " +
+			"fleetinfer runs its default configuration with prefillPerToken set, so every pick hashes its prompt into blocks, matches them " +
+			"against its record of the local pods and the summaries of remote ones, and records them (epp/prefixes)."}
 	type key struct{ epp, scenario, load string }
 	groups := map[key][]runResult{}
 	var order []key

@@ -338,7 +338,7 @@ var policyNotes = map[string]string{
 	"least-load": "(c) SkyServe's load balancer with `LeastLoadPolicy`, its default: the gateway with the fewest requests in flight " +
 		"as the load balancer itself counts them (dispatch to end of stream), ties to the first; each cluster's stock EPP picks the pod. Ready set refreshed every 20 s.",
 	"fleetinfer": "(d) fleetinfer's EPP in each cluster, federated (Parent mode: the remote cluster's gateway, with signed marks), with the configuration below: " +
-		"it estimates each pod's time to first token (load over the measured service rate, plus the measured round trip for a remote pod) and sends a request " +
+		"it estimates each pod's time to first token (load over the measured service rate, plus the measured round trip for a remote pod, plus the prefill of the prompt blocks the pod does not hold: by its own record for a local pod, by the published prefix summary for a remote one) and sends a request " +
 		"to another cluster only when a remote pod is expected sooner by the margin (epp/spill).",
 	"oracle": "(e) in-process: every request goes straight to the pod where it expects the first token soonest: requests in flight per batch slot fleet-wide " +
 		"(counted exactly in the benchmark: all traffic is its own) times 400 ms, plus the link's current round trip from the entry cluster, plus the prefix's prefill " +

@@ -52,6 +52,10 @@ var (
 		Name: "fleetinfer_epp_federation_endpoints_withheld_total",
 		Help: "Local endpoints this EPP left out of what it publishes, each counted when it is first left out, by reason (labels: names or labels out of the shared bounds; endpoint-count; message-size).",
 	}, []string{"reason"})
+	prefixSummaries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetinfer_epp_federation_prefix_summaries_total",
+		Help: "Prefix summaries of local endpoints published (sent: to every subscriber; deferred: left for a later message because the pool's endpoints would not fit a message with it).",
+	}, []string{"result"})
 	refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_federation_refused_total",
 		Help: "Subscriptions and pings this EPP refused or ended, by reason (unknown-identity, wrong-pool; replaced: a newer stream of the same peer came; too-often: the peer opens more than 5 streams a second to the pool, in bursts of 20; pings-too-often: more than 20 pings a second, in bursts of 40; deauthorized: the peer left the directory or its certificate no longer verifies).",
@@ -61,5 +65,5 @@ var (
 // Collectors returns the federation's metrics.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{peersConnected, subscribers, remoteEndpoints, lag, bytesTotal,
-		updatesTotal, streamErrors, throttled, refused, endpointsRefused, endpointsWithheld, peerRTT}
+		updatesTotal, streamErrors, throttled, refused, endpointsRefused, endpointsWithheld, peerRTT, prefixSummaries}
 }

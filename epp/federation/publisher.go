@@ -23,6 +23,7 @@ import (
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 )
 
 // PublisherOptions configure a Publisher.
@@ -56,7 +57,14 @@ type PublisherOptions struct {
 	// published fit them, so that a snapshot of all of them is one message a
 	// subscriber accepts; the rest are withheld.
 	Limits Limits
-	Log    logr.Logger
+	// Prefixes, when set, gives each local endpoint's prefix summary and
+	// its version (package prefixes); a changed one is sent at most every
+	// PrefixInterval per endpoint. Summaries are sent while the pool
+	// publishes at most a quarter of Limits.MaxEndpoints, so that they take
+	// at most a quarter of a snapshot's size.
+	Prefixes       func(types.NamespacedName) (*prefixes.Summary, uint64)
+	PrefixInterval time.Duration
+	Log            logr.Logger
 }
 
 // Publisher serves the Federation service: it turns the local datastore into
@@ -102,6 +110,10 @@ type sentEndpoint struct {
 	scrape int64
 	// size is ep's share of a snapshot's encoded size.
 	size int
+	// prefixVersion is the version of the prefix summary last sent, at
+	// prefixSent.
+	prefixVersion uint64
+	prefixSent    time.Time
 }
 
 type subscription struct {
@@ -202,22 +214,38 @@ func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Up
 		}
 		id := p.ids[md.NamespacedName]
 		prev := p.last[id]
+		summary, version := p.dueSummary(md.NamespacedName, prev, now)
 		var next *federationv1.Endpoint
+		onlySummary := false
 		switch {
 		case prev == nil || prev.md != md && !sameSpec(prev.ep.GetSpec(), md):
 			if err := checkNamesAndLabels(md.NamespacedName.Name, md.PodName, md.Labels); err != nil {
 				p.withhold(md, md, "labels", err)
 				continue
 			}
-			next = &federationv1.Endpoint{Spec: specOf(md), Metrics: metricsOf(m)}
+			next = &federationv1.Endpoint{Spec: specOf(md), Metrics: metricsOf(m), Prefixes: prev.prefixes()}
 		case !sameValues(prev.ep.GetMetrics(), m):
-			next = &federationv1.Endpoint{Spec: prev.ep.GetSpec(), Metrics: metricsOf(m)}
+			next = &federationv1.Endpoint{Spec: prev.ep.GetSpec(), Metrics: metricsOf(m), Prefixes: prev.prefixes()}
+		case summary != nil:
+			next, onlySummary = prev.ep, true
+		}
+		if next != nil && summary != nil {
+			// A summary never costs an endpoint its place in the message:
+			// without room it waits, and the endpoint goes without it.
+			withSummary := &federationv1.Endpoint{Spec: next.GetSpec(), Metrics: next.GetMetrics(), Prefixes: summary}
+			switch {
+			case p.bytes+growth(withSummary, prev) <= p.budget():
+				next = withSummary
+			case onlySummary:
+				next, summary = nil, nil
+				prefixSummaries.WithLabelValues("deferred").Inc()
+			default:
+				summary = nil
+				prefixSummaries.WithLabelValues("deferred").Inc()
+			}
 		}
 		if next != nil {
-			size, grow := snapshotSize(next), snapshotSize(next)
-			if prev != nil {
-				grow -= prev.size
-			}
+			size, grow := snapshotSize(next), growth(next, prev)
 			switch {
 			case prev == nil && len(p.last) >= p.opts.Limits.MaxEndpoints:
 				p.withhold(md, nil, "endpoint-count", fmt.Errorf("the pool publishes at most %d endpoints", p.opts.Limits.MaxEndpoints))
@@ -237,13 +265,22 @@ func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Up
 			case prev == nil || prev.ep.GetSpec() != next.GetSpec():
 				u.Upserts = append(u.Upserts, next)
 			default:
-				u.Upserts = append(u.Upserts, &federationv1.Endpoint{Id: id, Metrics: next.GetMetrics()})
+				// Only a new summary travels again.
+				delta := &federationv1.Endpoint{Id: id, Metrics: next.GetMetrics()}
+				if summary != nil {
+					delta.Prefixes = summary
+				}
+				u.Upserts = append(u.Upserts, delta)
 			}
 			if prev == nil {
 				prev = &sentEndpoint{}
 				p.last[id] = prev
 			}
 			prev.ep, prev.size = next, size
+			if summary != nil {
+				prev.prefixVersion, prev.prefixSent = version, now
+				prefixSummaries.WithLabelValues("sent").Inc()
+			}
 		}
 		delete(p.withheld, md.NamespacedName)
 		present[id] = true
@@ -272,6 +309,32 @@ func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Up
 	return u
 }
 
+// dueSummary returns the prefix summary of the local endpoint name to send
+// now, with its version: nil unless summaries are on, the endpoint's
+// changed since the last sent (prev's; nil for a new endpoint) and that was
+// PrefixInterval ago. Called with p.mu held.
+func (p *Publisher) dueSummary(name types.NamespacedName, prev *sentEndpoint, now time.Time) (*federationv1.PrefixSummary, uint64) {
+	if p.opts.Prefixes == nil || len(p.last) > p.opts.Limits.MaxEndpoints/4 {
+		return nil, 0
+	}
+	if prev != nil && now.Sub(prev.prefixSent) < p.opts.PrefixInterval {
+		return nil, 0
+	}
+	s, version := p.opts.Prefixes(name)
+	if s == nil || prev != nil && version == prev.prefixVersion {
+		return nil, 0
+	}
+	return &federationv1.PrefixSummary{Filter: s.Bytes()}, version
+}
+
+// prefixes is the summary last sent for e, nil for none or a new endpoint.
+func (e *sentEndpoint) prefixes() *federationv1.PrefixSummary {
+	if e == nil {
+		return nil
+	}
+	return e.ep.GetPrefixes()
+}
+
 // withhold leaves a local endpoint out of what is published (a previously
 // published one is removed), and counts it and logs it once. Called with
 // p.mu held.
@@ -288,6 +351,16 @@ func (p *Publisher) withhold(md, sticky *fwkdl.EndpointMetadata, reason string, 
 // removed ids may take next to them.
 func (p *Publisher) budget() int {
 	return max(p.opts.Limits.MaxMessageBytes-10*p.opts.Limits.MaxEndpoints-64, 0)
+}
+
+// growth is how much sending next for an endpoint last sent as prev (nil
+// for none) grows a snapshot's encoded size.
+func growth(next *federationv1.Endpoint, prev *sentEndpoint) int {
+	n := snapshotSize(next)
+	if prev != nil {
+		n -= prev.size
+	}
+	return n
 }
 
 // snapshotSize is the encoded size of e as an element of an Update's
@@ -322,7 +395,7 @@ func (p *Publisher) snapshot(now time.Time) *federationv1.Update {
 	for _, id := range slices.Sorted(maps.Keys(p.last)) {
 		e := p.last[id].ep
 		if s := p.last[id].scrape; s != e.GetMetrics().GetScrapeUnixNano() {
-			e = &federationv1.Endpoint{Id: id, Spec: e.GetSpec(), Metrics: proto.CloneOf(e.GetMetrics())}
+			e = &federationv1.Endpoint{Id: id, Spec: e.GetSpec(), Metrics: proto.CloneOf(e.GetMetrics()), Prefixes: e.GetPrefixes()}
 			e.Metrics.ScrapeUnixNano = s
 		}
 		u.Upserts = append(u.Upserts, e)

@@ -3,10 +3,15 @@ package federation
 import (
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 )
 
 func TestPublisherDiffSendsOnlyChanges(t *testing.T) {
@@ -76,5 +81,106 @@ func TestPublisherDiffSendsOnlyChanges(t *testing.T) {
 	}
 	if snap.GetCurrentUnixNano() != later.UnixNano() {
 		t.Fatalf("watermark %d, want the latest scrape %d", snap.GetCurrentUnixNano(), later.UnixNano())
+	}
+}
+
+// A pod's prefix summary is published with it when new, again only when it
+// changed and at most every PrefixInterval, is part of every snapshot, and
+// reaches the subscriber's view of the pod, which keeps it across updates
+// that do not carry one.
+func TestPrefixSummariesTravelWhenTheyChangeAtMostEveryInterval(t *testing.T) {
+	index := prefixes.NewIndex()
+	a, b := localPod("a", "127.12.0.1", 0), localPod("b", "127.12.0.2", 0)
+	doc := prefixes.Hashes("m", strings.Repeat("the shared document ", 40))
+	question := prefixes.Hashes("m", strings.Repeat("the shared document ", 40)+strings.Repeat("and a question ", 10))
+	index.Record(a.GetMetadata().NamespacedName, doc)
+	p := NewPublisher(PublisherOptions{LaggingAfter: time.Hour, Prefixes: index.Summary, PrefixInterval: time.Second})
+	sub := newPeerState(&Origin{Cluster: "east", Mode: fleetv1alpha1.FederationEndpoint}, testPool.Namespace, DefaultLimits,
+		Destinations{AllowLoopback: true}, nil)
+	t0 := time.Now()
+	seq := uint64(0)
+	send := func(u *federationv1.Update, at time.Time) {
+		t.Helper()
+		seq++
+		u.Seq, u.SentUnixNano = seq, at.UnixNano()
+		if err := sub.apply(u, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := func(pod string, hashes []uint64) int {
+		for _, e := range sub.view.Load().Entries {
+			if e.Endpoint.GetMetadata().PodName == pod+"@east" {
+				if e.Prefixes == nil {
+					return -1
+				}
+				return e.Prefixes.Match(hashes)
+			}
+		}
+		t.Fatalf("no entry for %s", pod)
+		return 0
+	}
+	withSummary := func(u *federationv1.Update) []uint32 {
+		var ids []uint32
+		for _, e := range u.GetUpserts() {
+			if e.GetPrefixes() != nil {
+				ids = append(ids, e.GetId())
+			}
+		}
+		return ids
+	}
+	steps := []struct {
+		name   string
+		after  time.Duration
+		record []uint64 // recorded for a before the tick
+		want   []uint32 // ids sent with a summary
+		heldA  int      // blocks of question the subscriber sees a hold
+	}{
+		{"a new pod goes with its summary, one without none", 0, nil, []uint32{1}, len(doc)},
+		{"a change within the interval waits", 100 * time.Millisecond, question, nil, len(doc)},
+		{"after the interval it goes", 1100 * time.Millisecond, nil, []uint32{1}, len(question)},
+		{"no change, nothing sent", 2500 * time.Millisecond, question[:3], nil, len(question)},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			index.Record(a.GetMetadata().NamespacedName, st.record)
+			now := t0.Add(st.after)
+			u := p.diff([]fwkdl.Endpoint{a, b}, now)
+			if seq == 0 {
+				u = p.snapshot(now)
+			}
+			if got := withSummary(u); !slices.Equal(got, st.want) {
+				t.Fatalf("summaries sent for %v, want %v", got, st.want)
+			}
+			send(u, now)
+			if got := held("a", question); got != st.heldA {
+				t.Fatalf("the subscriber sees a hold %d blocks of the question, want %d", got, st.heldA)
+			}
+			if got := held("b", question); got != -1 {
+				t.Fatalf("the subscriber has a summary for b, which has none (matches %d)", got)
+			}
+		})
+	}
+	if got := withSummary(p.snapshot(t0.Add(3 * time.Second))); !slices.Equal(got, []uint32{1}) {
+		t.Fatalf("a snapshot carries summaries for %v, want [1]", got)
+	}
+}
+
+// A summary that would not fit the subscribers' message limit waits: the
+// endpoint is published without it, never withheld for it.
+func TestAPrefixSummaryNeverCostsAnEndpointItsPlace(t *testing.T) {
+	index := prefixes.NewIndex()
+	a := localPod("a", "127.12.0.1", 0)
+	index.Record(a.GetMetadata().NamespacedName, prefixes.Hashes("m", strings.Repeat("the shared document ", 40)))
+	p := NewPublisher(PublisherOptions{LaggingAfter: time.Hour, Prefixes: index.Summary, PrefixInterval: time.Second,
+		Limits: Limits{MaxMessageBytes: prefixes.SummaryBytes, MaxEndpoints: 8}})
+	u := p.diff([]fwkdl.Endpoint{a}, time.Now())
+	if len(u.GetUpserts()) != 1 || u.GetUpserts()[0].GetSpec() == nil {
+		t.Fatalf("upserts %v, want the endpoint", u.GetUpserts())
+	}
+	if u.GetUpserts()[0].GetPrefixes() != nil {
+		t.Fatal("a summary larger than the message limit was sent")
+	}
+	if len(p.withheld) != 0 {
+		t.Fatalf("withheld %v", p.withheld)
 	}
 }

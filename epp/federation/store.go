@@ -19,6 +19,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 )
 
 // OriginAttribute is the endpoint attribute that marks a remote endpoint and
@@ -133,9 +134,13 @@ type remoteEndpoint struct {
 	id uint32
 	// ep's metrics are the last received values, dated by their scrape.
 	ep *fwkdl.ModelServer
-	// specSize and metricsSize are the encoded sizes last received.
-	specSize, metricsSize int
-	metrics               *fwkdl.Metrics
+	// specSize, metricsSize and prefixSize are the encoded sizes last
+	// received.
+	specSize, metricsSize, prefixSize int
+	metrics                           *fwkdl.Metrics
+	// prefixes is the endpoint's prefix summary, nil without one (or with
+	// one of a size this EPP does not know).
+	prefixes *prefixes.Summary
 	// updated is the local time up to which the data is vouched for: its
 	// scrape, advanced by freshness watermarks. Picks see it as the
 	// metrics' UpdateTime (see View), so that a watermark, which moves
@@ -151,7 +156,7 @@ func newPeerState(origin *Origin, namespace string, limits Limits, dest Destinat
 // drop forgets a held endpoint.
 func (p *peerState) drop(id uint32) {
 	if re, ok := p.byID[id]; ok {
-		p.bytes -= re.specSize + re.metricsSize
+		p.bytes -= re.specSize + re.metricsSize + re.prefixSize
 		delete(p.byID, id)
 		p.membersChanged = true
 	}
@@ -239,6 +244,12 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 			re.specSize = proto.Size(s)
 			p.bytes += re.specSize
 		}
+		if pr := e.GetPrefixes(); pr != nil {
+			p.bytes -= re.prefixSize
+			re.prefixSize = proto.Size(pr)
+			p.bytes += re.prefixSize
+			re.prefixes, _ = prefixes.FromBytes(pr.GetFilter())
+		}
 		if p.bytes > p.limits.MaxMessageBytes {
 			return fmt.Errorf("%w: peer's endpoints take over %d bytes", errProtocol, p.limits.MaxMessageBytes)
 		}
@@ -271,7 +282,7 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 	}
 	v := &View{Origin: p.origin, Entries: make([]Entry, len(p.order)), lag: p.lag}
 	for i, re := range p.order {
-		v.Entries[i] = Entry{Endpoint: re.ep, Updated: re.updated, metrics: re.metrics}
+		v.Entries[i] = Entry{Endpoint: re.ep, Updated: re.updated, metrics: re.metrics, Prefixes: re.prefixes}
 	}
 	v.index()
 	p.view.Store(v)

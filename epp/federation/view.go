@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 )
 
 // Remote is the federated view as one pick sees it: every connected peer's
@@ -38,6 +40,8 @@ type Entry struct {
 	// Updated is the local time up to which the peer vouches for the
 	// endpoint's data.
 	Updated time.Time
+	// Prefixes is the endpoint's prefix summary, nil without one.
+	Prefixes *prefixes.Summary
 
 	// metrics are the endpoint's when the view was built; queue and kv are
 	// read from them once, for a pick's scan.

@@ -5,7 +5,7 @@
 // a request to another cluster only when a remote endpoint is expected to
 // answer sooner than the best local one by CrossMargin:
 //
-//	TTFT ≈ load / service rate + round trip
+//	TTFT ≈ load / service rate + round trip + prefill of the uncached prompt
 //
 // where load is the endpoint's waiting and running requests (less, for a
 // local pod, those this picker saw end since the scrape; or this picker's
@@ -14,8 +14,11 @@
 // second with a full batch (Meter; remote endpoints, which serve the same
 // model, take the local pods' measured rate, and ServiceRate stands in
 // until one is measured), and the round trip is the federation's
-// measurement to the endpoint's cluster (0 for local endpoints). Prefill is
-// the same for every endpoint without a prefix-cache summary, so it is left
+// measurement to the endpoint's cluster (0 for local endpoints). The
+// prefill counts only where PrefillPerToken is set: the prompt's blocks
+// after those the endpoint holds (package prefixes: this picker's record for
+// a local pod, the peer's published summary for a remote one) times
+// PrefillPerToken; a prompt's part every endpoint must prefill alike is left
 // out.
 //
 // Load counts whether or not the pod's batch has a free slot: a
@@ -52,6 +55,7 @@ import (
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 )
 
 // Params are the spill policy's parameters, as the cross-cluster-filter
@@ -73,6 +77,10 @@ type Params struct {
 	// data also crossed the federation (remote endpoints older than the
 	// federation's staleness bound are never candidates at all).
 	RemoteMetricsStalenessThreshold Duration `json:"remoteMetricsStalenessThreshold"`
+	// PrefillPerToken is the model servers' prefill time per prompt token,
+	// which weighs a prompt's prefix held in one cluster's cache against
+	// the round trip there; zero leaves prefixes out of the estimate.
+	PrefillPerToken Duration `json:"prefillPerToken"`
 	// MaxRemoteCandidates bounds how many remote endpoints, those expected
 	// soonest, are a crossing request's candidates. GIE copies and scores
 	// every candidate on every pick, so without a bound a fleet of
@@ -93,9 +101,9 @@ var DefaultParams = Params{
 
 // Validate checks the parameters.
 func (p Params) Validate() error {
-	if p.CrossMargin < 0 || !(p.ServiceRate > 0) || p.QueueDepthThreshold <= 0 || p.KVCacheUtilThreshold <= 0 || p.KVCacheUtilThreshold > 1 ||
+	if p.CrossMargin < 0 || p.PrefillPerToken < 0 || !(p.ServiceRate > 0) || p.QueueDepthThreshold <= 0 || p.KVCacheUtilThreshold <= 0 || p.KVCacheUtilThreshold > 1 ||
 		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 || p.MaxRemoteCandidates <= 0 {
-		return errors.New("serviceRate, thresholds and maxRemoteCandidates must be positive, crossMargin not negative and kvCacheUtilThreshold at most 1")
+		return errors.New("serviceRate, thresholds and maxRemoteCandidates must be positive, crossMargin and prefillPerToken not negative and kvCacheUtilThreshold at most 1")
 	}
 	return nil
 }
@@ -146,9 +154,12 @@ func (p *Policy) HasRoom(ep Endpoint) bool {
 // ordered by queue, so only its front is read: up to the queue cap, and
 // until the queue alone puts an endpoint past the local estimate or the
 // candidates already found.
-func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Meter) []fwkdl.Endpoint {
+func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Meter, prompt Prompt) []fwkdl.Endpoint {
 	now := p.now()
-	best := p.bestLocal(local, now, m)
+	if p.params.PrefillPerToken == 0 {
+		prompt = Prompt{}
+	}
+	best := p.bestLocal(local, now, m, prompt)
 	if len(remote.Peers) == 0 || best <= p.minRTT(remote)+time.Duration(p.params.CrossMargin) {
 		return nil
 	}
@@ -186,6 +197,13 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 				break
 			}
 			est := wait(e.Queue(), e.Running(), m.lookup(e.Endpoint.GetMetadata().NamespacedName), poolRate) + rtt
+			if len(prompt.Hashes) > 0 {
+				held := 0
+				if s := e.Prefixes; s != nil {
+					held = s.Match(prompt.Hashes)
+				}
+				est += p.prefill(len(prompt.Hashes) - held)
+			}
 			if capped && est >= beat {
 				continue
 			}
@@ -207,7 +225,7 @@ const never = time.Duration(math.MaxInt64)
 
 // bestLocal is the soonest a local endpoint with fresh metrics is expected
 // to answer, never without one.
-func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter) time.Duration {
+func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter, prompt Prompt) time.Duration {
 	best := never
 	for _, ep := range local {
 		mt := ep.GetMetrics()
@@ -228,9 +246,26 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter) time
 				running = max(running-pm.ranAcross(mt.UpdateTime), 0)
 			}
 		}
-		best = min(best, wait(mt.WaitingQueueSize, running, pm, rate))
+		est := wait(mt.WaitingQueueSize, running, pm, rate)
+		if len(prompt.Hashes) > 0 {
+			est += p.prefill(len(prompt.Hashes) - prompt.Local.Match(ep.GetMetadata().NamespacedName, prompt.Hashes))
+		}
+		best = min(best, est)
 	}
 	return best
+}
+
+// Prompt is what the estimate knows of a request's prompt: its block hashes
+// (prefixes.Hashes) and the record of which local pods hold which; zero
+// leaves prefixes out.
+type Prompt struct {
+	Hashes []uint64
+	Local  *prefixes.Index
+}
+
+// prefill is the expected prefill time of blocks uncached blocks.
+func (p *Policy) prefill(blocks int) time.Duration {
+	return time.Duration(blocks*prefixes.TokensPerBlock) * time.Duration(p.params.PrefillPerToken)
 }
 
 // minRTT is the shortest round trip to a peer: no remote endpoint is

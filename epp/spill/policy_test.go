@@ -12,6 +12,7 @@ import (
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 )
 
 var now = time.Now()
@@ -72,6 +73,7 @@ func TestNewRefusesInvalidParameters(t *testing.T) {
 		"no remote candidates":     func(p *Params) { p.MaxRemoteCandidates = 0 },
 		"negative margin":          func(p *Params) { p.CrossMargin = -1 },
 		"no service rate":          func(p *Params) { p.ServiceRate = 0 },
+		"negative prefill time":    func(p *Params) { p.PrefillPerToken = -1 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := DefaultParams
@@ -219,7 +221,7 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			// depend on it.
 			for range 20 {
 				var got []string
-				for _, e := range policy.Remote(local, federation.Remote{Peers: tc.peers, Stale: now.Add(-2 * time.Second)}, m) {
+				for _, e := range policy.Remote(local, federation.Remote{Peers: tc.peers, Stale: now.Add(-2 * time.Second)}, m, Prompt{}) {
 					got = append(got, e.GetMetadata().NamespacedName.Name)
 				}
 				if strings.Join(got, ",") != tc.want {
@@ -299,7 +301,7 @@ func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
 	ep.GetAttributes().Put(federation.OriginAttribute, &federation.Origin{Cluster: "w"})
 	v := federation.NewView(&federation.Origin{Cluster: "w"}, []federation.Entry{{Endpoint: ep, Updated: now.Add(-20 * time.Millisecond)}})
 	policy := testPolicy(t, nil)
-	got := policy.Remote(nil, federation.Remote{Peers: []*federation.View{v}, Stale: now.Add(-2 * time.Second)}, nil)
+	got := policy.Remote(nil, federation.Remote{Peers: []*federation.View{v}, Stale: now.Add(-2 * time.Second)}, nil, Prompt{})
 	if len(got) != 1 || !got[0].GetMetrics().UpdateTime.Equal(now.Add(-20*time.Millisecond)) {
 		t.Fatalf("got %v", got)
 	}
@@ -326,8 +328,71 @@ func BenchmarkRemote(b *testing.B) {
 	policy := testPolicy(b, nil)
 	b.ReportAllocs()
 	for b.Loop() {
-		if len(policy.Remote(local, remote, nil)) != 16 {
+		if len(policy.Remote(local, remote, nil, Prompt{})) != 16 {
 			b.Fatal("not 16")
 		}
+	}
+}
+
+// With PrefillPerToken set, the estimate adds the prefill of the prompt's
+// blocks after those an endpoint holds: this picker's record for a local
+// pod, the published summary for a remote one. Here a block prefills in
+// 16 × 400 µs = 6.4 ms, so the 50-block prompt in 320 ms where nothing is
+// cached.
+func TestAPromptCrossesToWhereItsPrefixIsCachedWhenThatIsSooner(t *testing.T) {
+	prompt := make([]uint64, 50)
+	for i := range prompt {
+		prompt[i] = uint64(1000 + i)
+	}
+	holding := func(blocks int) *prefixes.Summary {
+		x := prefixes.NewIndex()
+		x.Record(types.NamespacedName{Name: "remote"}, prompt[:blocks])
+		s, _ := x.Summary(types.NamespacedName{Name: "remote"})
+		return s
+	}
+	type pod struct {
+		name             string
+		waiting, running int
+		holds            int // leading blocks of the prompt cached
+	}
+	for _, tc := range []struct {
+		name    string
+		prefill time.Duration
+		local   pod
+		rtt     time.Duration
+		remote  pod
+		want    string
+	}{
+		{"cached nowhere: the idle local pod", 400 * time.Microsecond, pod{"l", 0, 0, 0}, 30 * time.Millisecond, pod{"w", 0, 0, 0}, ""},
+		{"cached in a remote pod only: 30 ms there against 320 here", 400 * time.Microsecond, pod{"l", 0, 0, 0}, 30 * time.Millisecond, pod{"w", 0, 0, 50}, "w"},
+		{"cached here too: the local pod", 400 * time.Microsecond, pod{"l", 0, 0, 50}, 30 * time.Millisecond, pod{"w", 0, 0, 50}, ""},
+		{"half of it remote across 200 ms: 360 ms there, not sooner", 400 * time.Microsecond, pod{"l", 0, 0, 0}, 200 * time.Millisecond, pod{"w", 0, 0, 25}, ""},
+		{"cached in a busy local pod: 400 ms of queue here against 350 ms of prefill there", 400 * time.Microsecond, pod{"l", 2, 2, 50}, 30 * time.Millisecond, pod{"w", 0, 0, 0}, "w"},
+		{"prefill not configured: summaries are not read", 0, pod{"l", 0, 0, 0}, 30 * time.Millisecond, pod{"w", 0, 0, 50}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policy := testPolicy(t, func(p *Params) { p.PrefillPerToken = Duration(tc.prefill) })
+			lm := fwkdl.NewMetrics()
+			lm.WaitingQueueSize, lm.RunningRequestsSize, lm.UpdateTime = tc.local.waiting, tc.local.running, now
+			local := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: tc.local.name}}, lm)
+			index := prefixes.NewIndex()
+			index.Record(types.NamespacedName{Name: tc.local.name}, prompt[:tc.local.holds])
+			rm := fwkdl.NewMetrics()
+			rm.WaitingQueueSize, rm.RunningRequestsSize, rm.UpdateTime = tc.remote.waiting, tc.remote.running, now
+			o := &federation.Origin{Cluster: "west", RoundTrip: &federation.RoundTrip{}}
+			o.RoundTrip.Observe(tc.rtt)
+			e := federation.Entry{Endpoint: fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: tc.remote.name}}, rm), Updated: now}
+			if tc.remote.holds > 0 {
+				e.Prefixes = holding(tc.remote.holds)
+			}
+			var got []string
+			for _, ep := range policy.Remote([]fwkdl.Endpoint{local}, federation.Remote{Peers: []*federation.View{federation.NewView(o, []federation.Entry{e})},
+				Stale: now.Add(-2 * time.Second)}, nil, Prompt{Hashes: prompt, Local: index}) {
+				got = append(got, ep.GetMetadata().NamespacedName.Name)
+			}
+			if strings.Join(got, ",") != tc.want {
+				t.Fatalf("candidates %v, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -212,7 +212,10 @@ type Endpoint struct {
 	// address or labels changed.
 	Spec *EndpointSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
 	// Metrics is always present.
-	Metrics       *EndpointMetrics `protobuf:"bytes,3,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	Metrics *EndpointMetrics `protobuf:"bytes,3,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	// Prefixes is present when the endpoint is new to the stream or its
+	// summary changed; without it the last one received stays.
+	Prefixes      *PrefixSummary `protobuf:"bytes,4,opt,name=prefixes,proto3" json:"prefixes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -268,6 +271,62 @@ func (x *Endpoint) GetMetrics() *EndpointMetrics {
 	return nil
 }
 
+func (x *Endpoint) GetPrefixes() *PrefixSummary {
+	if x != nil {
+		return x.Prefixes
+	}
+	return nil
+}
+
+// PrefixSummary says which prompt prefixes the endpoint is believed to hold
+// in its KV cache: a Bloom filter of the chained hashes of the prompt blocks
+// the publisher sent it (package epp/prefixes, which fixes the block size,
+// the hash and the filter's size and hash count).
+type PrefixSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Filter is the Bloom filter's bits, little-endian 64-bit words.
+	Filter        []byte `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefixSummary) Reset() {
+	*x = PrefixSummary{}
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefixSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefixSummary) ProtoMessage() {}
+
+func (x *PrefixSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefixSummary.ProtoReflect.Descriptor instead.
+func (*PrefixSummary) Descriptor() ([]byte, []int) {
+	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PrefixSummary) GetFilter() []byte {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
 type EndpointSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name is the endpoint's name in its cluster (GIE names it <pod>-rank-<i>).
@@ -285,7 +344,7 @@ type EndpointSpec struct {
 
 func (x *EndpointSpec) Reset() {
 	*x = EndpointSpec{}
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[3]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +356,7 @@ func (x *EndpointSpec) String() string {
 func (*EndpointSpec) ProtoMessage() {}
 
 func (x *EndpointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[3]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +369,7 @@ func (x *EndpointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointSpec.ProtoReflect.Descriptor instead.
 func (*EndpointSpec) Descriptor() ([]byte, []int) {
-	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{3}
+	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EndpointSpec) GetName() string {
@@ -365,7 +424,7 @@ type EndpointMetrics struct {
 
 func (x *EndpointMetrics) Reset() {
 	*x = EndpointMetrics{}
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[4]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -377,7 +436,7 @@ func (x *EndpointMetrics) String() string {
 func (*EndpointMetrics) ProtoMessage() {}
 
 func (x *EndpointMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[4]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -390,7 +449,7 @@ func (x *EndpointMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointMetrics.ProtoReflect.Descriptor instead.
 func (*EndpointMetrics) Descriptor() ([]byte, []int) {
-	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{4}
+	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EndpointMetrics) GetNumRequestsWaiting() uint32 {
@@ -448,7 +507,7 @@ type LoRAState struct {
 
 func (x *LoRAState) Reset() {
 	*x = LoRAState{}
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[5]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +519,7 @@ func (x *LoRAState) String() string {
 func (*LoRAState) ProtoMessage() {}
 
 func (x *LoRAState) ProtoReflect() protoreflect.Message {
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[5]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,7 +532,7 @@ func (x *LoRAState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoRAState.ProtoReflect.Descriptor instead.
 func (*LoRAState) Descriptor() ([]byte, []int) {
-	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{5}
+	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LoRAState) GetMaxAdapters() int32 {
@@ -510,7 +569,7 @@ type CacheConfig struct {
 
 func (x *CacheConfig) Reset() {
 	*x = CacheConfig{}
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[6]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -522,7 +581,7 @@ func (x *CacheConfig) String() string {
 func (*CacheConfig) ProtoMessage() {}
 
 func (x *CacheConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[6]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -535,7 +594,7 @@ func (x *CacheConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheConfig.ProtoReflect.Descriptor instead.
 func (*CacheConfig) Descriptor() ([]byte, []int) {
-	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{6}
+	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CacheConfig) GetBlockSize() uint32 {
@@ -567,7 +626,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[7]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +638,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[7]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +651,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{7}
+	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{8}
 }
 
 type PingReply struct {
@@ -603,7 +662,7 @@ type PingReply struct {
 
 func (x *PingReply) Reset() {
 	*x = PingReply{}
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[8]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +674,7 @@ func (x *PingReply) String() string {
 func (*PingReply) ProtoMessage() {}
 
 func (x *PingReply) ProtoReflect() protoreflect.Message {
-	mi := &file_epp_federation_v1_federation_proto_msgTypes[8]
+	mi := &file_epp_federation_v1_federation_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +687,7 @@ func (x *PingReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingReply.ProtoReflect.Descriptor instead.
 func (*PingReply) Descriptor() ([]byte, []int) {
-	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{8}
+	return file_epp_federation_v1_federation_proto_rawDescGZIP(), []int{9}
 }
 
 var File_epp_federation_v1_federation_proto protoreflect.FileDescriptor
@@ -647,11 +706,14 @@ const file_epp_federation_v1_federation_proto_rawDesc = "" +
 	"\aupserts\x18\x04 \x03(\v2\".fleetinfer.federation.v1.EndpointR\aupserts\x12\x18\n" +
 	"\aremoved\x18\x05 \x03(\rR\aremoved\x12*\n" +
 	"\x11current_unix_nano\x18\x06 \x01(\x03R\x0fcurrentUnixNano\x12\x18\n" +
-	"\alagging\x18\a \x03(\rR\alagging\"\x9b\x01\n" +
+	"\alagging\x18\a \x03(\rR\alagging\"\xe0\x01\n" +
 	"\bEndpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12:\n" +
 	"\x04spec\x18\x02 \x01(\v2&.fleetinfer.federation.v1.EndpointSpecR\x04spec\x12C\n" +
-	"\ametrics\x18\x03 \x01(\v2).fleetinfer.federation.v1.EndpointMetricsR\ametrics\"\xf2\x01\n" +
+	"\ametrics\x18\x03 \x01(\v2).fleetinfer.federation.v1.EndpointMetricsR\ametrics\x12C\n" +
+	"\bprefixes\x18\x04 \x01(\v2'.fleetinfer.federation.v1.PrefixSummaryR\bprefixes\"'\n" +
+	"\rPrefixSummary\x12\x16\n" +
+	"\x06filter\x18\x01 \x01(\fR\x06filter\"\xf2\x01\n" +
 	"\fEndpointSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12\x18\n" +
@@ -702,39 +764,41 @@ func file_epp_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_epp_federation_v1_federation_proto_rawDescData
 }
 
-var file_epp_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_epp_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_epp_federation_v1_federation_proto_goTypes = []any{
 	(*SubscribeRequest)(nil), // 0: fleetinfer.federation.v1.SubscribeRequest
 	(*Update)(nil),           // 1: fleetinfer.federation.v1.Update
 	(*Endpoint)(nil),         // 2: fleetinfer.federation.v1.Endpoint
-	(*EndpointSpec)(nil),     // 3: fleetinfer.federation.v1.EndpointSpec
-	(*EndpointMetrics)(nil),  // 4: fleetinfer.federation.v1.EndpointMetrics
-	(*LoRAState)(nil),        // 5: fleetinfer.federation.v1.LoRAState
-	(*CacheConfig)(nil),      // 6: fleetinfer.federation.v1.CacheConfig
-	(*PingRequest)(nil),      // 7: fleetinfer.federation.v1.PingRequest
-	(*PingReply)(nil),        // 8: fleetinfer.federation.v1.PingReply
-	nil,                      // 9: fleetinfer.federation.v1.EndpointSpec.LabelsEntry
-	nil,                      // 10: fleetinfer.federation.v1.LoRAState.RunningEntry
-	nil,                      // 11: fleetinfer.federation.v1.LoRAState.WaitingEntry
+	(*PrefixSummary)(nil),    // 3: fleetinfer.federation.v1.PrefixSummary
+	(*EndpointSpec)(nil),     // 4: fleetinfer.federation.v1.EndpointSpec
+	(*EndpointMetrics)(nil),  // 5: fleetinfer.federation.v1.EndpointMetrics
+	(*LoRAState)(nil),        // 6: fleetinfer.federation.v1.LoRAState
+	(*CacheConfig)(nil),      // 7: fleetinfer.federation.v1.CacheConfig
+	(*PingRequest)(nil),      // 8: fleetinfer.federation.v1.PingRequest
+	(*PingReply)(nil),        // 9: fleetinfer.federation.v1.PingReply
+	nil,                      // 10: fleetinfer.federation.v1.EndpointSpec.LabelsEntry
+	nil,                      // 11: fleetinfer.federation.v1.LoRAState.RunningEntry
+	nil,                      // 12: fleetinfer.federation.v1.LoRAState.WaitingEntry
 }
 var file_epp_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: fleetinfer.federation.v1.Update.upserts:type_name -> fleetinfer.federation.v1.Endpoint
-	3,  // 1: fleetinfer.federation.v1.Endpoint.spec:type_name -> fleetinfer.federation.v1.EndpointSpec
-	4,  // 2: fleetinfer.federation.v1.Endpoint.metrics:type_name -> fleetinfer.federation.v1.EndpointMetrics
-	9,  // 3: fleetinfer.federation.v1.EndpointSpec.labels:type_name -> fleetinfer.federation.v1.EndpointSpec.LabelsEntry
-	5,  // 4: fleetinfer.federation.v1.EndpointMetrics.lora:type_name -> fleetinfer.federation.v1.LoRAState
-	6,  // 5: fleetinfer.federation.v1.EndpointMetrics.cache:type_name -> fleetinfer.federation.v1.CacheConfig
-	10, // 6: fleetinfer.federation.v1.LoRAState.running:type_name -> fleetinfer.federation.v1.LoRAState.RunningEntry
-	11, // 7: fleetinfer.federation.v1.LoRAState.waiting:type_name -> fleetinfer.federation.v1.LoRAState.WaitingEntry
-	0,  // 8: fleetinfer.federation.v1.Federation.Subscribe:input_type -> fleetinfer.federation.v1.SubscribeRequest
-	7,  // 9: fleetinfer.federation.v1.Federation.Ping:input_type -> fleetinfer.federation.v1.PingRequest
-	1,  // 10: fleetinfer.federation.v1.Federation.Subscribe:output_type -> fleetinfer.federation.v1.Update
-	8,  // 11: fleetinfer.federation.v1.Federation.Ping:output_type -> fleetinfer.federation.v1.PingReply
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	4,  // 1: fleetinfer.federation.v1.Endpoint.spec:type_name -> fleetinfer.federation.v1.EndpointSpec
+	5,  // 2: fleetinfer.federation.v1.Endpoint.metrics:type_name -> fleetinfer.federation.v1.EndpointMetrics
+	3,  // 3: fleetinfer.federation.v1.Endpoint.prefixes:type_name -> fleetinfer.federation.v1.PrefixSummary
+	10, // 4: fleetinfer.federation.v1.EndpointSpec.labels:type_name -> fleetinfer.federation.v1.EndpointSpec.LabelsEntry
+	6,  // 5: fleetinfer.federation.v1.EndpointMetrics.lora:type_name -> fleetinfer.federation.v1.LoRAState
+	7,  // 6: fleetinfer.federation.v1.EndpointMetrics.cache:type_name -> fleetinfer.federation.v1.CacheConfig
+	11, // 7: fleetinfer.federation.v1.LoRAState.running:type_name -> fleetinfer.federation.v1.LoRAState.RunningEntry
+	12, // 8: fleetinfer.federation.v1.LoRAState.waiting:type_name -> fleetinfer.federation.v1.LoRAState.WaitingEntry
+	0,  // 9: fleetinfer.federation.v1.Federation.Subscribe:input_type -> fleetinfer.federation.v1.SubscribeRequest
+	8,  // 10: fleetinfer.federation.v1.Federation.Ping:input_type -> fleetinfer.federation.v1.PingRequest
+	1,  // 11: fleetinfer.federation.v1.Federation.Subscribe:output_type -> fleetinfer.federation.v1.Update
+	9,  // 12: fleetinfer.federation.v1.Federation.Ping:output_type -> fleetinfer.federation.v1.PingReply
+	11, // [11:13] is the sub-list for method output_type
+	9,  // [9:11] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_epp_federation_v1_federation_proto_init() }
@@ -748,7 +812,7 @@ func file_epp_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_epp_federation_v1_federation_proto_rawDesc), len(file_epp_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
