@@ -136,15 +136,18 @@ var policies = []string{"gie-local", "round-robin", "least-load", "fleetinfer", 
 //   - GIE's inflight-load-producer counts the picker's own requests in
 //     flight per pod, and fleetinfer's in-flight-requests-scorer spreads
 //     picks by that count between scrapes (epp/plugins/inflight);
-//   - prefillPerToken is the simulators' prefill time per token
-//     (simLatency), as an operator sets their model's: the estimate then
-//     weighs a prompt's prefix cached in another cluster (the pickers'
-//     published prefix summaries, epp/prefixes) against the round trip.
+//   - prefillPerToken is the simulators' prefill time per token as the
+//     picker counts tokens, as an operator sets their model's: the picker
+//     assumes 4 characters a token, the simulators count a word (7
+//     characters here, see words) as one, so their 400 µs a token is
+//     400 × 4/7 ≈ 230 µs a picker's token. The estimate then weighs a
+//     prompt's prefix cached in another cluster (the pickers' published
+//     prefix summaries, epp/prefixes) against the round trip.
 const fleetEPPConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: cross-cluster-filter
-  parameters: {queueDepthThreshold: 1, kvCacheUtilThreshold: 0.8, metricsStalenessThreshold: 1s, prefillPerToken: 400us}
+  parameters: {queueDepthThreshold: 1, kvCacheUtilThreshold: 0.8, metricsStalenessThreshold: 1s, prefillPerToken: 230us}
 - type: cross-cluster-scorer
 - type: inflight-load-producer
 - type: in-flight-requests-scorer

@@ -69,6 +69,9 @@ type runResult struct {
 	// (fleetinfer_epp_federation_lag_seconds); absent for other policies.
 	ForwardedTwice int      `json:"forwarded_twice"`
 	RemoteAgeP99Ms *float64 `json:"remote_age_p99_ms,omitempty"`
+	// FederationKiBps is the federation traffic from one picker to one
+	// peer, KiB per second of the run (addPickerCounts); fleetinfer only.
+	FederationKiBps *float64 `json:"federation_kib_per_s_per_peer,omitempty"`
 	// Served counts completed requests per serving cluster.
 	Served   []int          `json:"served_per_cluster"`
 	ErrKinds map[string]int `json:"errors_by_kind,omitempty"`
@@ -176,6 +179,8 @@ type summary struct {
 	// of the runs' (absent for policies other than fleetinfer).
 	ForwardedTwice int      `json:"forwarded_twice"`
 	RemoteAgeP99Ms *float64 `json:"remote_age_p99_ms,omitempty"`
+	// FederationKiBps is the median of the runs'.
+	FederationKiBps *float64 `json:"federation_kib_per_s_per_peer,omitempty"`
 	// LoadAverage and SendLagMs are medians of the runs' figures.
 	LoadAverage float64 `json:"load_average"`
 	SendLagMs   float64 `json:"max_send_lag_ms"`
@@ -204,7 +209,7 @@ func (r *results) summarize() {
 		groups[k] = append(groups[k], run)
 	}
 	for _, k := range order {
-		var p50s, p99s, tp, gp, slo, cross, hit, errs, load, lag, age []float64
+		var p50s, p99s, tp, gp, slo, cross, hit, errs, load, lag, age, fed []float64
 		twice := 0
 		for _, run := range groups[k] {
 			p50s, p99s = append(p50s, run.P50Ms), append(p99s, run.P99Ms)
@@ -216,6 +221,9 @@ func (r *results) summarize() {
 			if run.RemoteAgeP99Ms != nil {
 				age = append(age, *run.RemoteAgeP99Ms)
 			}
+			if run.FederationKiBps != nil {
+				fed = append(fed, *run.FederationKiBps)
+			}
 		}
 		s := summary{Scenario: k.sc, Policy: k.pol, P50Ms: stats.Median(p50s), P99Ms: stats.Median(p99s), Throughput: stats.Median(tp),
 			Goodput: stats.Median(gp), WithinSLO: stats.Median(slo), CrossShare: stats.Median(cross), CacheHit: stats.Median(hit), ErrorShare: stats.Median(errs),
@@ -224,6 +232,10 @@ func (r *results) summarize() {
 		if len(age) > 0 {
 			m := stats.Median(age)
 			s.RemoteAgeP99Ms = &m
+		}
+		if len(fed) > 0 {
+			m := stats.Median(fed)
+			s.FederationKiBps = &m
 		}
 		r.Summary = append(r.Summary, s)
 	}
@@ -512,10 +524,20 @@ func (*results) readPrefixes(b *strings.Builder, get func(sc, pol string) summar
 	pl, pf, po := get("prefix-heavy", "gie-local"), get("prefix-heavy", "fleetinfer"), get("prefix-heavy", "oracle")
 	rf, ro := get("prefix-remote", "fleetinfer"), get("prefix-remote", "oracle")
 	fmt.Fprintf(b, "**Prefixes.** Share of prompt tokens found in the simulators' caches: prefix-heavy %.0f%% under cluster-local GIE, %.0f%% under "+
-		"fleetinfer, %.0f%% under the oracle; prefix-remote %.0f%% under fleetinfer, %.0f%% under the oracle. The oracle knows where every prefix is cached; "+
-		"fleetinfer's pickers know only what their own routing placed (GIE's approximate prefix scorer), and in this build publish no prefix summary to "+
-		"their peers, so a request entering a cluster that does not hold its prefix cannot be sent to the one that does.\n\n",
-		100*pl.CacheHit, 100*pf.CacheHit, 100*po.CacheHit, 100*rf.CacheHit, 100*ro.CacheHit)
+		"fleetinfer, %.0f%% under the oracle; prefix-remote %.0f%% under fleetinfer, %.0f%% under the oracle. The oracle knows where every prefix is cached. "+
+		"fleetinfer's pickers know where they sent each prompt (their record of their own pods) and what their peers publish of theirs (a 1 KiB "+
+		"Bloom filter per pod, at most a second old; epp/prefixes), and the estimate weighs the prefill a pod that holds the prefix saves against "+
+		"the round trip to it. Federation traffic from one picker to one peer, pod state and summaries together: %s KiB/s in prefix-heavy, %s in prefix-remote "+
+		"(medians of the runs).\n\n",
+		100*pl.CacheHit, 100*pf.CacheHit, 100*po.CacheHit, 100*rf.CacheHit, 100*ro.CacheHit, kibps(pf), kibps(rf))
+}
+
+// kibps formats a summary's federation traffic, "–" without a figure.
+func kibps(s summary) string {
+	if s.FederationKiBps == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f", *s.FederationKiBps)
 }
 
 func (*results) readLost(b *strings.Builder, get func(sc, pol string) summary) {

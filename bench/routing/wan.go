@@ -147,12 +147,14 @@ func (d *deployment) warmPrefixes(ctx context.Context, sc scenario, pol string, 
 }
 
 // pickerCounts are what fleetinfer's pickers counted, per picker: their
-// remote picks and their federation-lag histogram buckets (le → count).
+// remote picks, their federation-lag histogram buckets (le → count) and the
+// federation bytes they sent to each peer.
 type pickerCounts map[int]pickerCount
 
 type pickerCount struct {
 	remotePicks float64
 	lag         map[float64]float64
+	sent        map[string]float64
 }
 
 // pickerCounts scrapes fleetinfer's pickers; none for other policies. A
@@ -169,12 +171,17 @@ func (d *deployment) pickerCounts(ctx context.Context, pol string) (pickerCounts
 		if err != nil {
 			continue
 		}
-		pc := pickerCount{lag: map[float64]float64{}}
+		pc := pickerCount{lag: map[float64]float64{}, sent: map[string]float64{}}
 		for name, v := range series {
 			switch metrics.Name(name) {
 			case "fleetinfer_epp_picks_total":
 				if strings.Contains(name, `locality="remote"`) {
 					pc.remotePicks += v
+				}
+			case "fleetinfer_epp_federation_bytes_total":
+				if dir, _ := label(name, "direction"); dir == "sent" {
+					peer, _ := label(name, "peer")
+					pc.sent[peer] += v
 				}
 			case "fleetinfer_epp_federation_lag_seconds_bucket":
 				if le, ok := label(name, "le"); ok {
@@ -205,7 +212,9 @@ func label(series, k string) (string, bool) {
 
 // addPickerCounts records, from fleetinfer's pickers' counts before and
 // after the run (those that answered both times), the requests forwarded
-// twice and the age of remote data at pick time.
+// twice, the age of remote data at pick time and the federation bytes a
+// picker sent a peer per second of the run (its pods' state and prefix
+// summaries), the mean over the streams.
 //
 // Every request a picker sends to another cluster is one remote pick, and
 // the picker there, seeing its verified marks, picks locally; a request
@@ -217,7 +226,8 @@ func (r *runResult) addPickerCounts(before, after pickerCounts) {
 	if before == nil || after == nil {
 		return
 	}
-	var remote float64
+	var remote, sent float64
+	streams := 0
 	lag := map[float64]float64{}
 	for i, a := range after {
 		b, ok := before[i]
@@ -228,6 +238,14 @@ func (r *runResult) addPickerCounts(before, after pickerCounts) {
 		for le, n := range a.lag {
 			lag[le] += n - b.lag[le]
 		}
+		for peer, n := range a.sent {
+			sent += n - b.sent[peer]
+			streams++
+		}
+	}
+	if streams > 0 && r.WallS > 0 {
+		v := sent / float64(streams) / r.WallS / 1024
+		r.FederationKiBps = &v
 	}
 	r.ForwardedTwice = max(0, int(math.Round(remote))-r.Crossed-r.Errors)
 	if p99, ok := bucketQuantile(lag, 0.99); ok {
