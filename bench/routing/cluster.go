@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -99,11 +100,8 @@ func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig str
 	}
 	d := &deployment{fl: fl, ns: ns, pool: pool, podCluster: map[string]int{}}
 	for i, s := range fl.Spokes {
-		epp := fedpool.EPPPod(ns, stockPool, stockImage)
-		epp.Spec.NodeName = s.Name() + "-router"
-		epp.Spec.Tolerations = []corev1.Toleration{{Key: routerTaint, Operator: corev1.TolerationOpExists}}
 		for _, o := range []client.Object{fedpool.InferencePool(ns, stockPool, fleetPool, fedpool.EPPName(stockPool)),
-			fedpool.EPPService(ns, fedpool.EPPName(stockPool)), epp,
+			fedpool.EPPService(ns, fedpool.EPPName(stockPool)), stockEPPPod(s, ns),
 			fedpool.Route(ns, stockPool, fedpool.Host(stockPool, ns), fedpool.PoolRule(stockPool))} {
 			if err := s.Client.Create(ctx, o); err != nil {
 				return nil, fmt.Errorf("%s: create %T %s: %w", s.Name(), o, o.GetName(), err)
@@ -124,20 +122,81 @@ func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig str
 		if err := fedpool.RouteAccepted(ctx, s, ns, stockPool, time.Minute); err != nil {
 			return nil, err
 		}
-		if err := fedpool.Wait(ctx, time.Minute, s.Name()+" stock EPP ready", func(ctx context.Context) error {
+		if err := stockEPPReady(ctx, fl, s, ns); err != nil {
+			return nil, err
+		}
+	}
+	return d, d.warm(ctx)
+}
+
+// stockEPPPod is the stock picker's pod in cluster s, on its router node. It
+// is a bare pod, so that the cluster-lost scenario's kill leaves it dead.
+func stockEPPPod(s *fleet.Cluster, ns string) *corev1.Pod {
+	epp := fedpool.EPPPod(ns, stockPool, stockImage)
+	epp.Spec.NodeName = s.Name() + "-router"
+	epp.Spec.Tolerations = []corev1.Toleration{{Key: routerTaint, Operator: corev1.TolerationOpExists}}
+	return epp
+}
+
+// stockEPPReady waits for the stock picker of cluster s to be Ready. One
+// whose binary exited at start (the router kubelet hands it free ports
+// found before the binary binds them, which another process can take
+// meanwhile) is replaced, at most twice, with the end of its log in the
+// message, as a ReplicaSet would replace a failed pod.
+func stockEPPReady(ctx context.Context, fl *fleet.Fleet, s *fleet.Cluster, ns string) error {
+	key := client.ObjectKey{Namespace: ns, Name: fedpool.EPPName(stockPool)}
+	for attempt := 1; ; attempt++ {
+		var failed *corev1.Pod
+		err := fedpool.Wait(ctx, time.Minute, s.Name()+" stock EPP ready", func(ctx context.Context) error {
 			var p corev1.Pod
-			if err := s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fedpool.EPPName(stockPool)}, &p); err != nil {
+			if err := s.Client.Get(ctx, key, &p); err != nil {
 				return err
+			}
+			if p.Status.Phase == corev1.PodFailed {
+				failed = &p
+				return nil
 			}
 			if !fedpool.PodReady(&p) {
 				return fmt.Errorf("phase %s, containers %+v", p.Status.Phase, p.Status.ContainerStatuses)
 			}
 			return nil
+		})
+		if err != nil || failed == nil {
+			return err
+		}
+		why := fmt.Sprintf("%s stock EPP exited at start (attempt %d): %s", s.Name(), attempt, logTail(fl, s, failed))
+		if attempt == 3 {
+			return errors.New(why)
+		}
+		fmt.Println("  " + why + "; replacing it")
+		if err := s.Client.Delete(ctx, failed); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		if err := fedpool.Wait(ctx, time.Minute, s.Name()+" failed stock EPP gone", func(ctx context.Context) error {
+			var p corev1.Pod
+			if err := s.Client.Get(ctx, key, &p); err == nil {
+				return fmt.Errorf("still there (%s)", p.Status.Phase)
+			} else {
+				return client.IgnoreNotFound(err)
+			}
 		}); err != nil {
-			return nil, err
+			return err
+		}
+		if err := s.Client.Create(ctx, stockEPPPod(s, ns)); err != nil {
+			return err
 		}
 	}
-	return d, d.warm(ctx)
+}
+
+// logTail is the last line of a router-node pod's picker log, or why it
+// could not be read.
+func logTail(fl *fleet.Fleet, s *fleet.Cluster, p *corev1.Pod) string {
+	b, err := os.ReadFile(filepath.Join(fl.Dir(), s.Name()+"-router", "pods", p.Namespace+"_"+p.Name+"_"+string(p.UID), "epp.log"))
+	if err != nil {
+		return "log unreadable: " + err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
 }
 
 // warm sends a few completions through every gateway to both pools, until
