@@ -37,6 +37,24 @@ func readyPods(ctx context.Context, c *fleet.Cluster, ns, name string) (map[type
 	return out, nil
 }
 
+// stoppedServing returns the pods of serving (cluster → UIDs of service
+// name's pods in namespace ns) that are no longer Ready or are gone.
+func stoppedServing(ctx context.Context, ns, name string, serving map[string]map[types.UID]bool) ([]string, error) {
+	var out []string
+	for cluster, uids := range serving {
+		ready, err := readyPods(ctx, fl.Spoke(cluster), ns, name)
+		if err != nil {
+			return nil, err
+		}
+		for uid := range uids {
+			if !ready[uid] {
+				out = append(out, cluster+"/"+string(uid))
+			}
+		}
+	}
+	return out, nil
+}
+
 // A copy whose pods stay Pending for lack of GPUs turns Stuck after the
 // placement's ready timeout, and its replicas are re-placed within the
 // timeout plus 10 s; the replicas that were ready (the stuck copy's one pod
@@ -88,18 +106,11 @@ func TestHubMovesTheReplicasOfACopyStuckPendingForGPUs(t *testing.T) {
 	// Until west's copy is Ready with all 3 replicas, the pods that were
 	// ready keep running; the move happens within the deadline plus 10 s.
 	stillServing := func(ctx context.Context) error {
-		for cluster, uids := range serving {
-			ready, err := readyPods(ctx, fl.Spoke(cluster), ns, "stuck")
-			if err != nil {
-				return err
-			}
-			for uid := range uids {
-				if !ready[uid] {
-					t.Fatalf("%s's ready pod %s stopped serving before the replacements were Ready", cluster, uid)
-				}
-			}
+		stopped, err := stoppedServing(ctx, ns, "stuck", serving)
+		if err == nil && len(stopped) > 0 {
+			t.Fatalf("%v stopped serving before the replacements were Ready", stopped)
 		}
-		return nil
+		return err
 	}
 	svc := &v1alpha2.LLMInferenceService{}
 	testutil.Eventually(t, time.Until(asked.Add(timeout+10*time.Second)), "central Stuck and its replicas re-placed on west", func(ctx context.Context) error {
@@ -124,17 +135,26 @@ func TestHubMovesTheReplicasOfACopyStuckPendingForGPUs(t *testing.T) {
 	})
 	t.Logf("replicas re-placed %s after the service was placed (ready timeout %s): %s", time.Since(asked).Round(100*time.Millisecond), timeout, hubConditions(svc))
 
+	// From here the hub retires central's copy as soon as west's is Ready,
+	// which can fall between two polls. So each poll reads the pods first
+	// and west's copy second: pods that stopped serving while the copy read
+	// afterwards is still not Ready stopped before it was.
 	testutil.Eventually(t, 60*time.Second, "west's copy Ready with 3 replicas", func(ctx context.Context) error {
+		stopped, err := stoppedServing(ctx, ns, "stuck", serving)
+		if err != nil {
+			return err
+		}
 		cp := &v1alpha2.LLMInferenceService{}
 		if err := west.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "stuck"}, cp); err != nil {
 			return err
 		}
 		if !cp.Status.IsTrue(v1alpha2.Ready) || cp.Status.ObservedGeneration != cp.Generation {
+			if len(stopped) > 0 {
+				t.Fatalf("%v stopped serving before west's copy was Ready (%s)", stopped, hubConditions(cp))
+			}
 			return fmt.Errorf("west's copy not Ready yet")
 		}
-		// Checked after the copy's status, so the pods were serving at least
-		// until it turned Ready.
-		return stillServing(ctx)
+		return nil
 	})
 	hubReady(t, ns, "stuck", "west=3", 60*time.Second)
 }
