@@ -115,11 +115,15 @@ func fedCompletion(prompt string) *extproc.Request {
 		"Content-Length": {strconv.Itoa(len(body))}}, Body: strings.NewReader(body)}
 }
 
+// pick asks f's picker for req's destination and answers the pick with a
+// 200 as though the pod had served it: the request goes nowhere, and picks
+// left unanswered would read as failed crossings and open the picker's
+// breaker for the cluster they crossed to.
 func pick(t *testing.T, f *fedCluster, req *extproc.Request) *extproc.Pick {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := f.picker.Pick(ctx, req)
+	p, err := f.picker.PickServed(ctx, req, http.StatusOK)
 	if err != nil {
 		t.Fatalf("%s: pick: %v", f.Cluster.Name(), err)
 	}

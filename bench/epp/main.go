@@ -408,7 +408,7 @@ func drive(ctx context.Context, picker *extproc.Client, workers, picks int) ([]t
 			defer wg.Done()
 			for range next {
 				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				p, err := picker.Pick(pctx, request(int(session.Add(1))))
+				p, err := picker.PickServed(pctx, request(int(session.Add(1))), http.StatusOK)
 				cancel()
 				mu.Lock()
 				switch {

@@ -241,6 +241,27 @@ func (c *Client) Pick(ctx context.Context, req *Request) (*Pick, error) {
 	return ex.Pick(), nil
 }
 
+// PickServed runs one stream as a gateway whose upstream answered the pick
+// at once with status and no body: the request phase, then the response
+// headers. A driver that stands in for the upstream uses it where Pick would
+// look, to the processor, like a client that gave up (fleetinfer's picker
+// counts an abandoned crossed request against the cluster it crossed to).
+func (c *Client) PickServed(ctx context.Context, req *Request, status int) (*Pick, error) {
+	ex, err := c.Start(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer ex.Close()
+	p := ex.Pick()
+	if p.Immediate != nil {
+		return p, nil
+	}
+	if err := ex.Respond(&Response{Status: status, Served: p.Primary()}, Sink{Headers: func(int, http.Header) error { return nil }}); err != nil {
+		return nil, fmt.Errorf("ext-proc: response phase: %w", err)
+	}
+	return p, nil
+}
+
 // processingMode is what the filter is configured with; Envoy announces the
 // body modes in the first message's protocol_config.
 var protocolConfig = &extprocv3.ProtocolConfiguration{
