@@ -107,6 +107,9 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 	if len(spilled) == 0 {
 		return local
 	}
+	if p := pickOf(ctx); p != nil {
+		p.spilled = spilled
+	}
 	c.observeLag(ctx, remote, now)
 	return spilled
 }

@@ -10,6 +10,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extProcPb "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
@@ -86,6 +87,7 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 			dest = append(dest, addr)
 		}
 	}
+	pods = appendClusterPeers(pods, p.spilled, p.crossed)
 	if p.marks, err = d.marker.sign(strings.Join(pods, ",")); err != nil {
 		// Unmarked, the request would be picked afresh there and could
 		// come back: refuse it instead.
@@ -95,6 +97,26 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	// after this returns, so both carry the rewritten value.
 	rc.TargetEndpoint = strings.Join(dest, ",")
 	return rc, nil
+}
+
+// appendClusterPeers appends to pods, the picked ones, the other Parent-mode
+// endpoints of cluster among the spilled candidates. The marks then name
+// every pod of that cluster the spill policy expected sooner than the local
+// ones, picked first, and the cluster's own picker chooses among them: its
+// data on its pods is fresher than the federation's, and every request to
+// them, from any cluster, passes it (a pod that filled up since the peer
+// last published is passed over there rather than queued on).
+func appendClusterPeers(pods []string, spilled []fwkdl.Endpoint, cluster string) []string {
+	for _, ep := range spilled {
+		o := federation.OriginOf(ep.GetAttributes())
+		if o == nil || o.Cluster != cluster || o.Mode != fleetv1alpha1.FederationParent {
+			continue
+		}
+		if addr := federation.PodAddress(ep.GetMetadata()); !slices.Contains(pods, addr) {
+			pods = append(pods, addr)
+		}
+	}
+	return pods
 }
 
 // extProcServer wraps GIE's StreamingServer: each stream's request body is

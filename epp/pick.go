@@ -28,6 +28,9 @@ type pick struct {
 	// marked is the verified mark the request arrived with, nil without:
 	// it is picked among local endpoints only.
 	marked *marks.Mark
+	// spilled are the remote endpoints the candidate lookup offered,
+	// those the spill policy expects sooner than every local one.
+	spilled []fwkdl.Endpoint
 	// carried reports that the request arrived with mark headers, verified
 	// or not; they are removed unless the pick sets its own.
 	carried bool

@@ -18,6 +18,8 @@ func TestRequestPath(t *testing.T) {
 	rank1 := endpoint("a-rank-1", "127.11.0.1:8001", 4, nil)
 	remoteIdle := endpoint("r@west", "127.12.0.1:8000", 0, west)
 	parentIdle := endpoint("p@central", "127.13.0.1:8000", 0, central)
+	parentOne := endpoint("q@central", "127.13.0.2:8000", 1, central)
+	parentFull := endpoint("f@central", "127.13.0.3:8000", 6, central)
 	tests := []struct {
 		name          string
 		local, remote []fwkdl.Endpoint
@@ -44,6 +46,15 @@ func TestRequestPath(t *testing.T) {
 		name:  "Parent mode sends to the remote gateway with the pod in signed marks",
 		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{parentIdle},
 		want: result{dest: "127.13.0.99:8080", metadata: "127.13.0.99:8080", marks: "127.13.0.1:8000"},
+	}, {
+		name:  "Parent-mode marks name the picked pod first, then the cluster's other pods expected sooner than the local ones",
+		local: []fwkdl.Endpoint{busy}, remote: []fwkdl.Endpoint{parentFull, parentOne, parentIdle, endpoint("s@west", "127.12.0.2:8000", 2, west)},
+		want: result{dest: "127.13.0.99:8080", metadata: "127.13.0.99:8080", marks: "127.13.0.1:8000,127.13.0.2:8000"},
+	}, {
+		name:  "a request marked with several pods is picked among them by this cluster's own data",
+		local: []fwkdl.Endpoint{idle, busy, endpoint("c", "127.11.0.3:8000", 3, nil)},
+		hdr:   markedBy(t, "central", "127.11.0.2:8000,127.11.0.3:8000"),
+		want:  result{dest: "127.11.0.3:8000", metadata: "127.11.0.3:8000", marks: "-"}, marks: "accepted",
 	}, {
 		name:  "a request marked by a peer is picked locally, on the named pod",
 		local: []fwkdl.Endpoint{idle, busy}, remote: []fwkdl.Endpoint{parentIdle},

@@ -51,6 +51,8 @@ type config struct {
 	slo         time.Duration
 	only        string
 	maxInFlight int
+	// requests: write every run's requests next to the results.
+	requests bool
 }
 
 func main() {
@@ -65,6 +67,7 @@ func main() {
 	pols := flag.String("policies", strings.Join(policies, ","), "policies to run, comma-separated")
 	configFile := flag.String("fleetinfer-config", "", "EndpointPickerConfig file for fleetinfer's EPPs instead of the built-in one")
 	flag.IntVar(&c.maxInFlight, "max-in-flight", 512, "client bound on requests in flight")
+	flag.BoolVar(&c.requests, "requests", false, "also write each run's requests, one JSON object a line, to requests-SCENARIO-POLICY-REP.jsonl in -out")
 	flag.Parse()
 	c.policies = strings.Split(*pols, ",")
 	c.fleetConfig = fleetEPPConfig
@@ -297,6 +300,11 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, si int, sc scen
 				return err
 			}
 			run := newRun(sc, pol, rep, out, c.duration, c.slo, time.Since(began))
+			if c.requests {
+				if err := writeRequests(filepath.Join(c.out, fmt.Sprintf("requests-%s-%s-%d.jsonl", sc.Name, pol, rep)), out); err != nil {
+					return err
+				}
+			}
 			run.addPickerCounts(before, after)
 			fmt.Printf("  %-12s %s\n", pol, run.line())
 			res.Runs = append(res.Runs, run)

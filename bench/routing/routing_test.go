@@ -261,7 +261,8 @@ func TestRunSummary(t *testing.T) {
 	if r.OK != 3 || r.Errors != 1 || r.ErrKinds["connection refused"] != 1 {
 		t.Fatalf("ok %d errors %d kinds %v", r.OK, r.Errors, r.ErrKinds)
 	}
-	if r.SpanS != 4 || r.Throughput != 0.75 || r.Goodput != 0.5 || r.WithinSLO != 0.5 {
+	// Goodput: 2 requests within the SLO over the 2 s arrival window.
+	if r.SpanS != 4 || r.Throughput != 0.75 || r.Goodput != 1 || r.WithinSLO != 0.5 {
 		t.Fatalf("span %v throughput %v goodput %v within %v", r.SpanS, r.Throughput, r.Goodput, r.WithinSLO)
 	}
 	if r.CrossShare != 1.0/3 || !slices.Equal(r.Served, []int{1, 2}) {
