@@ -100,7 +100,7 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 		return remote.AppendFresh(local)
 	}
 	var prompt spill.Prompt
-	if p := pickOf(ctx); p != nil && c.prefixes != nil {
+	if p := pickOf(ctx); p != nil && c.prefixes != nil && c.spill.UsesPrefixes() {
 		prompt = spill.Prompt{Hashes: p.promptOf(nil), Local: c.prefixes}
 	}
 	spilled := c.spill.Remote(local, remote, c.meter, prompt)

@@ -158,8 +158,12 @@ type federationParts struct {
 	reload     time.Duration
 	cluster    string
 	pool       types.NamespacedName
-	// forget drops the prefix record of pods that went away.
-	forget func()
+	// prefixes records the prompts this picker sent each local pod, for
+	// the summaries published to peers and the spill policy's estimate;
+	// forget drops the record of pods that went away. Nil without
+	// federation: only a crossing weighs prefixes.
+	prefixes *prefixes.Index
+	forget   func()
 }
 
 // prefixSummaryInterval is the shortest time between two prefix summaries
@@ -178,7 +182,7 @@ func (f *federationParts) marker() *marker {
 		verifier: &marks.Verifier{Pool: f.pool, Roots: f.creds.Roots, Identity: federation.PeerIdentity(f.dir, f.pool, f.cluster)}}
 }
 
-func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datastore, index *prefixes.Index, log logr.Logger) (*federationParts, error) {
+func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datastore, log logr.Logger) (*federationParts, error) {
 	if o.PeersFile == "" {
 		return &federationParts{}, nil
 	}
@@ -195,6 +199,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 	limits := federation.Limits{MaxMessageBytes: o.MaxMessageBytes, MaxEndpoints: o.MaxEndpoints,
 		MaxMessagesPerSecond: o.MaxMessageRate, MaxBytesPerSecond: o.MaxByteRate}
 	store := federation.NewStore(o.Staleness)
+	index := prefixes.NewIndex()
 	forget := func() {
 		present := map[types.NamespacedName]bool{}
 		for _, ep := range ds.PodList(datastore.AllPodsPredicate) {
@@ -203,7 +208,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		index.Retain(func(pod types.NamespacedName) bool { return present[pod] })
 	}
 	return &federationParts{
-		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool, forget: forget,
+		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool, prefixes: index, forget: forget,
 		publisher: federation.NewPublisher(federation.PublisherOptions{
 			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
 			Interval: o.PublishInterval, Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,

@@ -69,7 +69,6 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
-	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
@@ -92,11 +91,11 @@ type Runner struct {
 	// marker signs and verifies Parent-mode marks; built with the
 	// candidate lookup, before the ext-proc server; nil without federation.
 	marker *marker
-	// meter measures the pods this picker sends to, and prefixes records
-	// the prompts it sent them, for the spill policy; the federation
-	// publishes the prefix record's summaries.
+	// meter measures the pods this picker sends to for the spill policy;
+	// recorder times each request there and, with federation, records its
+	// prompt in the federation's prefix record.
 	meter    *spill.Meter
-	prefixes *prefixes.Index
+	recorder *pickRecorder
 	// crossings bounds each remote cluster's share of picks and breaks
 	// crossings to failing ones; built with marker, nil without federation.
 	crossings *crossing.Gate
@@ -108,19 +107,19 @@ type Runner struct {
 // flags and --kubeconfig, all on the global pflag command line (GIE's
 // runner parses that one too).
 func NewRunner() *Runner {
-	r := &Runner{fed: NewFederationOptions(), spill: &spillPolicy{}, meter: spill.NewMeter(), prefixes: prefixes.NewIndex(), limits: NewRequestLimits()}
-	rec := pickRecorder{meter: r.meter, prefixes: r.prefixes}
+	r := &Runner{fed: NewFederationOptions(), spill: &spillPolicy{}, meter: spill.NewMeter(), limits: NewRequestLimits()}
+	r.recorder = &pickRecorder{meter: r.meter}
 	r.gie = gierunner.New(gierunner.Delta{
 		ExecutableName:        "fleetinfer-epp",
 		DefaultConfig:         defaultConfig,
 		AddFlags:              r.addFlags,
 		ValidateFlags:         r.validateFlags,
 		RegisterPlugins:       func() { registerPlugins(r.spill) },
-		RequestControlPlugins: []fwkplugin.Plugin{rec},
+		RequestControlPlugins: []fwkplugin.Plugin{r.recorder},
 		Collectors:            metricCollectors(),
 		Candidates:            r.candidates,
 		ExtProcServer: func(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
-			return newExtProcServer(ds, gie, parser, r.marker, r.crossings, rec, r.limits)
+			return newExtProcServer(ds, gie, parser, r.marker, r.crossings, *r.recorder, r.limits)
 		},
 		ExtProcServerOptions: func() []grpc.ServerOption { return r.limits.ServerOptions() },
 	})
@@ -162,11 +161,12 @@ func (kubeconfigFlag) Type() string       { return "string" }
 // DatastoreEndpointCandidates, with the configured spill policy, and starts
 // the federation next to GIE's servers.
 func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, error) {
-	fed, err := r.fed.build(p.Name, p.Datastore, r.prefixes, p.Log)
+	fed, err := r.fed.build(p.Name, p.Datastore, p.Log)
 	if err != nil {
 		return nil, err
 	}
-	cands := &candidates{ds: p.Datastore, meter: r.meter, prefixes: r.prefixes, disableSubsetHint: p.Options.DisableEndpointSubsetFilter, now: time.Now,
+	r.recorder.prefixes = fed.prefixes
+	cands := &candidates{ds: p.Datastore, meter: r.meter, prefixes: fed.prefixes, disableSubsetHint: p.Options.DisableEndpointSubsetFilter, now: time.Now,
 		failOpen: poolFailOpen(p.Manager.GetClient(), p.Name, p.HasPool)}
 	if fed.store != nil {
 		cands.remote = fed.store

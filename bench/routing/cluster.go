@@ -19,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/kubelet"
@@ -86,13 +85,14 @@ type deployment struct {
 }
 
 // deploy creates the scenario's model servers and fleetinfer's federated
-// pool (Parent mode everywhere: pod networks are isolated) with fedpool, then the stock pool over the same pods, and warms both paths of
-// every gateway.
+// pool with fedpool (Parent mode where pod networks are isolated, Endpoint
+// mode where they are flat), then the stock pool over the same pods, and
+// warms both paths of every gateway.
 func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig string) (*deployment, error) {
 	opts := fedpool.Options{Namespace: ns, Pool: fleetPool, EPPConfig: eppConfig}
 	for i, s := range fl.Spokes {
 		opts.Members = append(opts.Members, &fedpool.Member{Cluster: s, Replicas: sc.Replicas[i], SimArgs: sc.simArgs(i),
-			Mode: fleetv1alpha1.FederationParent})
+			Mode: sc.mode()})
 	}
 	pool, err := fedpool.Deploy(ctx, opts)
 	if err != nil {

@@ -105,6 +105,8 @@ func main() {
 var scenarios = []scenario{
 	{Name: "hot-cluster", Title: "hot cluster: 70% of arrivals enter east, 3 equal clusters", Reps: 3,
 		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{0.7, 0.15, 0.15}, Rate: 18, PromptWords: 128, Lost: -1},
+	{Name: "hot-cluster-flat", Title: "hot cluster on flat pod networks: fleetinfer in Endpoint mode, the entry gateway sends a crossing straight to the remote pod", Reps: 3,
+		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{0.7, 0.15, 0.15}, Rate: 18, PromptWords: 128, Lost: -1, Flat: true},
 	{Name: "moving-hotspot", Title: "moving hot spot: 70% of arrivals enter east, then west, then central, a third of the run each", Reps: 3,
 		Replicas: []int32{2, 2, 2}, MaxNumSeqs: []int{4, 4, 4}, KVBlocks: 36, Entry: []float64{1, 1, 1},
 		EntryPhases: [][]float64{{0.7, 0.15, 0.15}, {0.15, 0.7, 0.15}, {0.15, 0.15, 0.7}}, Rate: 18, PromptWords: 128, Lost: -1},
@@ -232,6 +234,12 @@ func run(ctx context.Context, c config) error {
 // deployment, or on a fresh one per run when the scenario destroys a
 // cluster.
 func runScenario(ctx context.Context, c config, fl *fleet.Fleet, si int, sc scenario, res *results) error {
+	if net := fl.PodNetwork(); sc.podNetwork() != net {
+		if err := fl.SetPodNetwork(ctx, sc.podNetwork()); err != nil {
+			return err
+		}
+		defer func() { _ = fl.SetPodNetwork(context.WithoutCancel(ctx), net) }()
+	}
 	var d *deployment
 	defer func() {
 		if d != nil {

@@ -385,7 +385,10 @@ func (r *results) markdown() string {
 			"pod networks are %s (no cluster reaches another's pod addresses) and fleetinfer's pickers federate in %s mode: a request that crosses goes "+
 			"from the entry cluster's gateway to the other cluster's, with signed marks, and pays the link. The load generator stands in the cluster a request "+
 			"enters; where a policy sends a request to another cluster from the client (SkyServe's load balancer to another gateway, the oracle to another "+
-			"cluster's pod), the client first waits out that link's current round trip, since the fabric does not delay the client's own connections.\n\n",
+			"cluster's pod), the client first waits out that link's current round trip, since the fabric does not delay the client's own connections. "+
+			"The one exception is hot-cluster-flat: the same workload as hot-cluster on flat pod networks (the fabric routes a connection to another "+
+			"cluster's pod address over the link), with fleetinfer's pickers in Endpoint mode, so that a crossing request goes from the entry cluster's "+
+			"gateway straight to the remote pod, without the other cluster's gateway and picker.\n\n",
 			strings.Join(links, ", "), w.PodNetwork, w.Mode)
 	}
 	fmt.Fprintf(&b, "Three clusters (%s), each a real kube-apiserver with a local kubelet, and each its local gateway (Envoy's ext-proc exchange). "+
@@ -498,6 +501,9 @@ func (r *results) reading() string {
 	if ran("hot-cluster") {
 		r.readHotCluster(&b, get)
 	}
+	if ran("hot-cluster", "hot-cluster-flat") {
+		r.readFlat(&b, get)
+	}
 	if ran("moving-hotspot", "slowing-link") {
 		r.readMoving(&b, get)
 	}
@@ -519,6 +525,14 @@ func (*results) readHotCluster(b *strings.Builder, get func(sc, pol string) summ
 		"round trip included: %.0f%% of its requests crossed (round-robin %.0f%%, least-load %.0f%%, oracle %.0f%%), p99 %.0f ms against %.0f (round-robin), "+
 		"%.0f (least-load) and %.0f (oracle). Every crossing pays its link's round trip (19–34 ms here) on top of an extra gateway and picker.\n\n",
 		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotLL.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotRR.P99Ms, hotLL.P99Ms, hotO.P99Ms)
+}
+
+func (*results) readFlat(b *strings.Builder, get func(sc, pol string) summary) {
+	f, fl, ll, o := get("hot-cluster", "fleetinfer"), get("hot-cluster-flat", "fleetinfer"), get("hot-cluster-flat", "least-load"), get("hot-cluster-flat", "oracle")
+	fmt.Fprintf(b, "**Flat pod networks.** With the same arrivals on flat pod networks, where fleetinfer's entry gateway sends a crossing request "+
+		"straight to the remote pod (Endpoint mode), fleetinfer's p99 is %.0f ms (%.0f%% crossed) against least-load's %.0f and the oracle's %.0f; "+
+		"through the other cluster's gateway and picker (Parent mode, hot-cluster) it was %.0f ms.\n\n",
+		fl.P99Ms, 100*fl.CrossShare, ll.P99Ms, o.P99Ms, f.P99Ms)
 }
 
 func (*results) readMoving(b *strings.Builder, get func(sc, pol string) summary) {

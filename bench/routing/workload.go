@@ -5,6 +5,9 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 // scenario is one workload and fleet shape, run once per policy.
@@ -39,6 +42,26 @@ type scenario struct {
 	Lost int `json:"lost"`
 	// SlowLink, when set, slows one link halfway through the run.
 	SlowLink *slowLink `json:"slow_link,omitempty"`
+	// Flat runs the scenario on flat pod networks, fleetinfer's pickers
+	// federating in Endpoint mode: a crossing request goes from the entry
+	// cluster's gateway straight to the remote pod, over the link.
+	Flat bool `json:"flat,omitempty"`
+}
+
+// mode is how fleetinfer's pickers reach the other clusters' pods.
+func (s scenario) mode() fleetv1alpha1.FederationMode {
+	if s.Flat {
+		return fleetv1alpha1.FederationEndpoint
+	}
+	return fleetv1alpha1.FederationParent
+}
+
+// podNetwork is the fleet's pod network for the scenario.
+func (s scenario) podNetwork() wan.PodNetwork {
+	if s.Flat {
+		return wan.Flat
+	}
+	return wan.Isolated
 }
 
 // slowLink is a link between clusters A and B whose round trip goes from

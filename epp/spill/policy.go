@@ -123,6 +123,10 @@ func New(params Params, now func() time.Time) (*Policy, error) {
 	return &Policy{params: params, now: now}, nil
 }
 
+// UsesPrefixes reports whether the estimate weighs cached prefixes
+// (PrefillPerToken set), so that a prompt's blocks are worth hashing.
+func (p *Policy) UsesPrefixes() bool { return p.params.PrefillPerToken > 0 }
+
 // Endpoint is what HasRoom reads of an endpoint: its metrics, and its
 // attributes, which say whether it is remote (federation.OriginOf).
 type Endpoint interface {
