@@ -71,9 +71,11 @@ func Hashes(model, prompt string) []uint64 {
 }
 
 // Index is a picker's record of the blocks it sent to each of its pods. It
-// is safe for concurrent use.
+// is safe for concurrent use: a pick matches its prompt against every local
+// pod (Match, under the read lock, concurrently with other picks' matches)
+// and records it once, for its target.
 type Index struct {
-	mu   sync.Mutex
+	mu   sync.RWMutex
 	pods map[types.NamespacedName]*podRecord
 }
 
@@ -124,8 +126,8 @@ func (x *Index) Match(pod types.NamespacedName, hashes []uint64) int {
 	if x == nil {
 		return 0
 	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	r := x.pods[pod]
 	if r == nil {
 		return 0
