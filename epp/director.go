@@ -18,6 +18,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
 // responseStatus is the :status of response headers, 0 when absent.
@@ -136,7 +137,7 @@ type extProcServer struct {
 func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer) error {
 	limited := &limitedStream{ExternalProcessor_ProcessServer: stream, limits: s.limits}
 	defer limited.done()
-	ms := &markingStream{ExternalProcessor_ProcessServer: limited, ctx: withPick(stream.Context()), marker: s.marker, crossings: s.crossings}
+	ms := &markingStream{ExternalProcessor_ProcessServer: limited, ctx: withPick(stream.Context()), marker: s.marker, crossings: s.crossings, meter: s.recorder.meter}
 	err := s.inner.Process(ms)
 	p := pickOf(ms.ctx)
 	// A request that did not complete (an error, a client that went away)
@@ -156,6 +157,7 @@ type markingStream struct {
 	ctx       context.Context
 	marker    *marker
 	crossings *crossing.Gate
+	meter     *spill.Meter
 }
 
 func (s *markingStream) Context() context.Context { return s.ctx }
@@ -170,7 +172,12 @@ func (s *markingStream) Recv() (*extProcPb.ProcessingRequest, error) {
 	if h := req.GetResponseHeaders(); err == nil && h != nil {
 		if p := pickOf(s.ctx); p.crossed != "" && !p.observed {
 			p.observed = true
-			s.crossings.Observe(p.crossed, responseStatus(h.GetHeaders()) >= 500, time.Since(p.pickedAt), time.Now())
+			took, failed := time.Since(p.pickedAt), responseStatus(h.GetHeaders()) >= 500
+			s.crossings.Observe(p.crossed, failed, took, time.Now())
+			if !failed && s.meter != nil {
+				s.meter.Crossed(p.crossed, took)
+				crossingPath.WithLabelValues(p.crossed).Set(s.meter.Path(p.crossed).Seconds())
+			}
 		}
 	}
 	return req, err

@@ -40,10 +40,15 @@ var (
 		Name: "fleetinfer_epp_buffered_request_body_bytes",
 		Help: "Request-body bytes held by the requests in flight.",
 	})
+	// crossingPath is set by markingStream from the spill meter.
+	crossingPath = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fleetinfer_epp_crossing_path_seconds",
+		Help: "How long crossed requests to a cluster take from the pick to their response headers (a moving average): the cost of a crossing the spill estimate uses when it exceeds the link's measured round trip.",
+	}, []string{"cluster"})
 )
 
 // metricCollectors returns every fleetinfer EPP metric: the federation's and the
 // request path's.
 func metricCollectors() []prometheus.Collector {
-	return append(append(federation.Collectors(), crossing.Collectors()...), picks, subsetHints, parentMarks, requestBodiesRefused, bufferedBodyBytes)
+	return append(append(federation.Collectors(), crossing.Collectors()...), picks, subsetHints, parentMarks, requestBodiesRefused, bufferedBodyBytes, crossingPath)
 }

@@ -26,6 +26,12 @@ type Meter struct {
 	// poolRate follows the local pods' measured rates (requests/s, as
 	// float64 bits): the prior for remote pods, which serve the same model.
 	poolRate atomic.Uint64
+	// paths holds, per remote cluster, how long crossed requests took to
+	// their response headers (ns, each sample moving it a fifth of the
+	// way): the round trip plus what the crossing passes on the way (the
+	// other cluster's gateway and picker in Parent mode), which pings of
+	// the federation stream do not see.
+	paths sync.Map // cluster → *atomic.Int64
 }
 
 type podMeter struct {
@@ -186,3 +192,35 @@ func (m *Meter) PoolRate() (float64, bool) {
 func loadFloat(u *atomic.Uint64) float64 { return math.Float64frombits(u.Load()) }
 
 func storeFloat(u *atomic.Uint64, f float64) { u.Store(math.Float64bits(f)) }
+
+// Crossed records that a request crossed to cluster took took from its
+// pick to its response headers.
+func (m *Meter) Crossed(cluster string, took time.Duration) {
+	if m == nil || took <= 0 {
+		return
+	}
+	v, _ := m.paths.LoadOrStore(cluster, new(atomic.Int64))
+	p := v.(*atomic.Int64)
+	for {
+		cur := p.Load()
+		next := int64(took)
+		if cur > 0 {
+			next = cur + (int64(took)-cur)/5
+		}
+		if p.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+// Path returns the measured time of a crossing to cluster to its response
+// headers, 0 before any was measured.
+func (m *Meter) Path(cluster string) time.Duration {
+	if m == nil {
+		return 0
+	}
+	if v, ok := m.paths.Load(cluster); ok {
+		return time.Duration(v.(*atomic.Int64).Load())
+	}
+	return 0
+}

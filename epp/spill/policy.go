@@ -14,7 +14,10 @@
 // second with a full batch (Meter; remote endpoints, which serve the same
 // model, take the local pods' measured rate, and ServiceRate stands in
 // until one is measured), and the round trip is the federation's
-// measurement to the endpoint's cluster (0 for local endpoints). The
+// measurement to the endpoint's cluster, or how long this picker's crossed
+// requests there took to their response headers when that is longer (what
+// a crossing passes besides the link: in Parent mode the other cluster's
+// gateway and picker); 0 for local endpoints. The
 // prefill counts only where PrefillPerToken is set: the prompt's blocks
 // after those the endpoint holds (package prefixes: this picker's record for
 // a local pod, the peer's published summary for a remote one) times
@@ -164,7 +167,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 		prompt = Prompt{}
 	}
 	best := p.bestLocal(local, now, m, prompt)
-	if len(remote.Peers) == 0 || best <= p.minRTT(remote)+time.Duration(p.params.CrossMargin) {
+	if len(remote.Peers) == 0 || best <= p.minRTT(remote, m)+time.Duration(p.params.CrossMargin) {
 		return nil
 	}
 	capped := best != never
@@ -182,7 +185,10 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 	start := randomStart(n)
 	for i := range n {
 		v := remote.Peers[(start+i)%n]
-		rtt := v.Origin.RTT()
+		// A crossing costs at least the link's round trip, and as much as
+		// crossed requests took to their response headers when that is
+		// more.
+		rtt := max(v.Origin.RTT(), m.Path(v.Origin.Cluster))
 		for j := range v.Entries {
 			e := &v.Entries[j]
 			if capped && e.Queue() >= p.params.QueueDepthThreshold {
@@ -272,12 +278,12 @@ func (p *Policy) prefill(blocks int) time.Duration {
 	return time.Duration(blocks*prefixes.TokensPerBlock) * time.Duration(p.params.PrefillPerToken)
 }
 
-// minRTT is the shortest round trip to a peer: no remote endpoint is
+// minRTT is the least a crossing to a peer costs: no remote endpoint is
 // expected sooner than that.
-func (p *Policy) minRTT(remote federation.Remote) time.Duration {
+func (p *Policy) minRTT(remote federation.Remote, m *Meter) time.Duration {
 	out := never
 	for _, v := range remote.Peers {
-		out = min(out, v.Origin.RTT())
+		out = min(out, max(v.Origin.RTT(), m.Path(v.Origin.Cluster)))
 	}
 	return out
 }

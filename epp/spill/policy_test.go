@@ -156,6 +156,15 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			return m
 		}
 	}
+	// crossedIn is a meter whose crossed requests to cluster took took to
+	// their response headers.
+	crossedIn := func(cluster string, took time.Duration) func() *Meter {
+		return func() *Meter {
+			m := NewMeter()
+			m.Crossed(cluster, took)
+			return m
+		}
+	}
 	for _, tc := range []struct {
 		name  string
 		edit  func(*Params)
@@ -196,6 +205,12 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "a scrape that still shows a request this picker saw end: the idle local pod keeps the request",
 			meter: endedAfterScrape(fresh, "l"), local: []pod{{"l", 0, 1, fresh}}, // 0 ms, not 100
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "crossings that took longer than the link's round trip count at what they took",
+			meter: crossedIn("w", 190*time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "crossings measured faster than the round trip count at the round trip",
+			meter: crossedIn("w", time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+			peers: []*federation.View{peer("w", 190*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
 		{name: "without that request seen ending, the same scrape reads 100 ms and crosses",
 			local: []pod{{"l", 0, 1, fresh}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
 		{name: "stale local metrics: the remote endpoints expected soonest, whatever their load",
