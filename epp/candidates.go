@@ -100,14 +100,15 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 		return remote.AppendFresh(local)
 	}
 	var prompt spill.Prompt
-	if p := pickOf(ctx); p != nil && c.prefixes != nil && c.spill.UsesPrefixes() {
+	p := pickOf(ctx)
+	if p != nil && c.prefixes != nil && c.spill.UsesPrefixes() {
 		prompt = spill.Prompt{Hashes: p.promptOf(nil), Local: c.prefixes}
 	}
 	spilled := c.spill.Remote(local, remote, c.meter, prompt)
 	if len(spilled) == 0 {
 		return local
 	}
-	if p := pickOf(ctx); p != nil {
+	if p != nil {
 		p.spilled = spilled
 	}
 	c.observeLag(ctx, remote, now)

@@ -115,12 +115,7 @@ func (m *Meter) finished(addr types.NamespacedName, ran span) {
 	p.ran[p.next] = ran
 	p.next = (p.next + 1) % len(p.ran)
 	p.mu.Unlock()
-	cur := p.service.Load()
-	next := int64(took)
-	if cur > 0 {
-		next = cur + (int64(took)-cur)/5
-	}
-	p.service.Store(next)
+	p.service.Store(movedTowards(p.service.Load(), int64(took)))
 	if r, ok := p.rate(); ok {
 		pool := loadFloat(&m.poolRate)
 		if pool > 0 {
@@ -199,18 +194,26 @@ func (m *Meter) Crossed(cluster string, took time.Duration) {
 	if m == nil || took <= 0 {
 		return
 	}
-	v, _ := m.paths.LoadOrStore(cluster, new(atomic.Int64))
+	v, ok := m.paths.Load(cluster)
+	if !ok {
+		v, _ = m.paths.LoadOrStore(cluster, new(atomic.Int64))
+	}
 	p := v.(*atomic.Int64)
 	for {
 		cur := p.Load()
-		next := int64(took)
-		if cur > 0 {
-			next = cur + (int64(took)-cur)/5
-		}
-		if p.CompareAndSwap(cur, next) {
+		if p.CompareAndSwap(cur, movedTowards(cur, int64(took))) {
 			return
 		}
 	}
+}
+
+// movedTowards is a moving average cur (0: none yet) moved a fifth of the
+// way to sample.
+func movedTowards(cur, sample int64) int64 {
+	if cur <= 0 {
+		return sample
+	}
+	return cur + (sample-cur)/5
 }
 
 // Path returns the measured time of a crossing to cluster to its response
