@@ -174,8 +174,12 @@ func (s *markingStream) Recv() (*extProcPb.ProcessingRequest, error) {
 			p.observed = true
 			took, failed := time.Since(p.pickedAt), responseStatus(h.GetHeaders()) >= 500
 			s.crossings.Observe(p.crossed, failed, took, time.Now())
-			if !failed && s.meter != nil {
-				s.meter.Crossed(p.crossed, took)
+			// The crossing's own cost is known only where the other
+			// cluster's picker said how long the request took after its
+			// pick (servertiming.go); an Endpoint-mode crossing's stays the
+			// link's round trip.
+			if upstream, ok := upstreamTiming(h.GetHeaders()); ok && !failed && s.meter != nil && upstream < took {
+				s.meter.Crossed(p.crossed, took-upstream)
 				crossingPath.WithLabelValues(p.crossed).Set(s.meter.Path(p.crossed).Seconds())
 			}
 		}
@@ -184,6 +188,12 @@ func (s *markingStream) Recv() (*extProcPb.ProcessingRequest, error) {
 }
 
 func (s *markingStream) Send(resp *extProcPb.ProcessingResponse) error {
+	// A peer's request tells the peer how long it took here after the pick.
+	if h := resp.GetResponseHeaders(); h != nil {
+		if p := pickOf(s.ctx); p != nil && p.marked != nil && !p.pickedAt.IsZero() {
+			addUpstreamTiming(h, time.Since(p.pickedAt))
+		}
+	}
 	if h := resp.GetRequestHeaders().GetResponse().GetHeaderMutation(); h != nil {
 		replaceDestination(h)
 		if p := pickOf(s.ctx); p != nil {

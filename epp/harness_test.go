@@ -132,6 +132,8 @@ type harness struct {
 	failOpen bool
 	// crossings is the crossing gate (newGatedHarness), nil without.
 	crossings *crossing.Gate
+	// meter is the spill policy's meter.
+	meter *spill.Meter
 }
 
 func newHarness(t testing.TB, local, remote []fwkdl.Endpoint) *harness {
@@ -151,6 +153,7 @@ func newGatedHarness(t testing.TB, local []fwkdl.Endpoint, remote remoteEndpoint
 	ds := &fakeDatastore{local: local}
 	h := &harness{crossings: g}
 	rec := pickRecorder{meter: spill.NewMeter(), prefixes: prefixes.NewIndex()}
+	h.meter = rec.meter
 	cands := &candidates{ds: ds, remote: remote, spill: policy, meter: rec.meter, prefixes: rec.prefixes, crossings: g,
 		failOpen: func(context.Context) bool { return h.failOpen }, now: time.Now}
 	rc := requestcontrol.NewConfig()

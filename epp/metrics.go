@@ -43,7 +43,7 @@ var (
 	// crossingPath is set by markingStream from the spill meter.
 	crossingPath = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fleetinfer_epp_crossing_path_seconds",
-		Help: "How long crossed requests to a cluster take from the pick to their response headers (a moving average): the cost of a crossing the spill estimate uses when it exceeds the link's measured round trip.",
+		Help: "How long crossed requests to a cluster take from the pick to their response headers, less the time after the other cluster's pick its picker reports in Server-Timing (a moving average): the cost of a Parent-mode crossing the spill estimate uses when it exceeds the link's measured round trip.",
 	}, []string{"cluster"})
 )
 

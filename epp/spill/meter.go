@@ -188,8 +188,9 @@ func loadFloat(u *atomic.Uint64) float64 { return math.Float64frombits(u.Load())
 
 func storeFloat(u *atomic.Uint64, f float64) { u.Store(math.Float64bits(f)) }
 
-// Crossed records that a request crossed to cluster took took from its
-// pick to its response headers.
+// Crossed records that a request's crossing to cluster took took: from
+// its pick to its response headers, less the time the other cluster spent
+// on it after its own pick.
 func (m *Meter) Crossed(cluster string, took time.Duration) {
 	if m == nil || took <= 0 {
 		return
@@ -216,8 +217,8 @@ func movedTowards(cur, sample int64) int64 {
 	return cur + (sample-cur)/5
 }
 
-// Path returns the measured time of a crossing to cluster to its response
-// headers, 0 before any was measured.
+// Path returns the measured time of a crossing to cluster (see Crossed),
+// 0 before any was measured.
 func (m *Meter) Path(cluster string) time.Duration {
 	if m == nil {
 		return 0

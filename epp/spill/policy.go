@@ -14,10 +14,10 @@
 // second with a full batch (Meter; remote endpoints, which serve the same
 // model, take the local pods' measured rate, and ServiceRate stands in
 // until one is measured), and the round trip is the federation's
-// measurement to the endpoint's cluster, or how long this picker's crossed
-// requests there took to their response headers when that is longer (what
-// a crossing passes besides the link: in Parent mode the other cluster's
-// gateway and picker); 0 for local endpoints. The
+// measurement to the endpoint's cluster, or the crossing's measured path
+// when that is longer (Meter.Path: what a Parent-mode crossing passes
+// besides the link and the remote pod, the other cluster's gateway and
+// picker); 0 for local endpoints. The
 // prefill counts only where PrefillPerToken is set: the prompt's blocks
 // after those the endpoint holds (package prefixes: this picker's record for
 // a local pod, the peer's published summary for a remote one) times
@@ -185,9 +185,8 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 	start := randomStart(n)
 	for i := range n {
 		v := remote.Peers[(start+i)%n]
-		// A crossing costs at least the link's round trip, and as much as
-		// crossed requests took to their response headers when that is
-		// more.
+		// A crossing costs at least the link's round trip, and its
+		// measured path when that is more.
 		rtt := max(v.Origin.RTT(), m.Path(v.Origin.Cluster))
 		for j := range v.Entries {
 			e := &v.Entries[j]
