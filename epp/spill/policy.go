@@ -14,10 +14,10 @@
 // second with a full batch (Meter; remote endpoints, which serve the same
 // model, take the local pods' measured rate, and ServiceRate stands in
 // until one is measured), and the round trip is the federation's
-// measurement to the endpoint's cluster, or the crossing's measured path
-// when that is longer (Meter.Path: what a Parent-mode crossing passes
-// besides the link and the remote pod, the other cluster's gateway and
-// picker); 0 for local endpoints. The
+// measurement to the endpoint's cluster (with LearnCrossingPath, the
+// crossing's measured path when that is longer: Meter.Path, what a
+// Parent-mode crossing passes besides the link and the remote pod); 0 for
+// local endpoints. The
 // prefill counts only where PrefillPerToken is set: the prompt's blocks
 // after those the endpoint holds (package prefixes: this picker's record for
 // a local pod, the peer's published summary for a remote one) times
@@ -89,6 +89,12 @@ type Params struct {
 	// every candidate on every pick, so without a bound a fleet of
 	// thousands of pods would make each crossing pick that much slower.
 	MaxRemoteCandidates int `json:"maxRemoteCandidates"`
+	// LearnCrossingPath charges a crossing its measured path (Meter.Path)
+	// where that exceeds the link's round trip. Off by default: the path
+	// also holds the origin's own forwarding after the pick, which a local
+	// request pays alike, and in the routing benchmark it made pickers
+	// cross less than the load called for (see the README).
+	LearnCrossingPath bool `json:"learnCrossingPath"`
 }
 
 // DefaultParams are used for parameters left out.
@@ -185,9 +191,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 	start := randomStart(n)
 	for i := range n {
 		v := remote.Peers[(start+i)%n]
-		// A crossing costs at least the link's round trip, and its
-		// measured path when that is more.
-		rtt := max(v.Origin.RTT(), m.Path(v.Origin.Cluster))
+		rtt := p.crossingCost(v.Origin, m)
 		for j := range v.Entries {
 			e := &v.Entries[j]
 			if capped && e.Queue() >= p.params.QueueDepthThreshold {
@@ -282,9 +286,18 @@ func (p *Policy) prefill(blocks int) time.Duration {
 func (p *Policy) minRTT(remote federation.Remote, m *Meter) time.Duration {
 	out := never
 	for _, v := range remote.Peers {
-		out = min(out, max(v.Origin.RTT(), m.Path(v.Origin.Cluster)))
+		out = min(out, p.crossingCost(v.Origin, m))
 	}
 	return out
+}
+
+// crossingCost is what a crossing to o's cluster costs: the link's round
+// trip, or with LearnCrossingPath the measured path when that is more.
+func (p *Policy) crossingCost(o *federation.Origin, m *Meter) time.Duration {
+	if p.params.LearnCrossingPath {
+		return max(o.RTT(), m.Path(o.Cluster))
+	}
+	return o.RTT()
 }
 
 // wait is the expected wait at a pod with the given scraped waiting and

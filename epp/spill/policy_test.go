@@ -156,6 +156,7 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			return m
 		}
 	}
+	learnPath := func(p *Params) { p.LearnCrossingPath = true }
 	// crossedIn is a meter whose crossed requests to cluster took took to
 	// their response headers.
 	crossedIn := func(cluster string, took time.Duration) func() *Meter {
@@ -205,11 +206,14 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "a scrape that still shows a request this picker saw end: the idle local pod keeps the request",
 			meter: endedAfterScrape(fresh, "l"), local: []pod{{"l", 0, 1, fresh}}, // 0 ms, not 100
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
-		{name: "crossings that took longer than the link's round trip count at what they took",
-			meter: crossedIn("w", 190*time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+		{name: "learning the path, crossings that took longer than the link's round trip count at what they took",
+			edit: learnPath, meter: crossedIn("w", 190*time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
-		{name: "crossings measured faster than the round trip count at the round trip",
-			meter: crossedIn("w", time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+		{name: "by default the same crossings count at the round trip",
+			meter: crossedIn("w", 190*time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
+		{name: "learning the path, crossings measured faster than the round trip count at the round trip",
+			edit: learnPath, meter: crossedIn("w", time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
 			peers: []*federation.View{peer("w", 190*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
 		{name: "without that request seen ending, the same scrape reads 100 ms and crosses",
 			local: []pod{{"l", 0, 1, fresh}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
