@@ -25,15 +25,20 @@ import (
 func responseStatus(h *corev3.HeaderMap) int {
 	for _, hv := range h.GetHeaders() {
 		if hv.GetKey() == ":status" {
-			v := hv.GetRawValue()
-			if len(v) == 0 {
-				v = []byte(hv.GetValue())
-			}
-			n, _ := strconv.Atoi(string(v))
+			n, _ := strconv.Atoi(headerValue(hv))
 			return n
 		}
 	}
 	return 0
+}
+
+// headerValue is a header's value, which Envoy sends as raw bytes or, from
+// older configurations, as a string.
+func headerValue(hv *corev3.HeaderValue) string {
+	if raw := hv.GetRawValue(); len(raw) > 0 {
+		return string(raw)
+	}
+	return hv.GetValue()
 }
 
 // The request path around GIE's Director, for remote picks: the stream

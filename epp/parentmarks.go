@@ -58,11 +58,7 @@ func (m *marker) read(ctx context.Context, hm *configPb.HeaderMap, p *pick) {
 		if carried == nil {
 			carried = map[string]string{}
 		}
-		v := h.GetValue()
-		if len(h.GetRawValue()) > 0 {
-			v = string(h.GetRawValue())
-		}
-		carried[h.GetKey()] = v
+		carried[h.GetKey()] = headerValue(h)
 	}
 	get := func(name string) (string, bool) { v, ok := carried[name]; return v, ok }
 	var (

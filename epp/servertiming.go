@@ -57,11 +57,7 @@ func upstreamTiming(h *corev3.HeaderMap) (time.Duration, bool) {
 		if !strings.EqualFold(hv.GetKey(), serverTimingHeader) {
 			continue
 		}
-		v := hv.GetValue()
-		if len(hv.GetRawValue()) > 0 {
-			v = string(hv.GetRawValue())
-		}
-		for _, metric := range strings.Split(v, ",") {
+		for _, metric := range strings.Split(headerValue(hv), ",") {
 			if d, found := metricDuration(metric, upstreamMetric); found {
 				out, ok = d, true
 			}

@@ -191,7 +191,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 	start := randomStart(n)
 	for i := range n {
 		v := remote.Peers[(start+i)%n]
-		rtt := p.crossingCost(v.Origin, m)
+		cost := p.crossingCost(v.Origin, m)
 		for j := range v.Entries {
 			e := &v.Entries[j]
 			if capped && e.Queue() >= p.params.QueueDepthThreshold {
@@ -205,11 +205,11 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			}
 			// The view is ordered by queue: once the queue alone puts an
 			// endpoint past the bar, so it does every later one.
-			floor := wait(e.Queue(), 0, nil, poolRate) + rtt
+			floor := wait(e.Queue(), 0, nil, poolRate) + cost
 			if (capped && floor >= beat) || (len(top) == k && floor >= top[k-1].est) {
 				break
 			}
-			est := wait(e.Queue(), e.Running(), m.lookup(e.Endpoint.GetMetadata().NamespacedName), poolRate) + rtt
+			est := wait(e.Queue(), e.Running(), m.lookup(e.Endpoint.GetMetadata().NamespacedName), poolRate) + cost
 			if len(prompt.Hashes) > 0 {
 				held := 0
 				if s := e.Prefixes; s != nil {
