@@ -50,12 +50,19 @@ func TestControllerManagerCreatesDefaultServiceAccount(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := cs.CoreV1().ServiceAccounts("team-a").Get(ctx, "default", metav1.GetOptions{})
+	waitForServiceAccount(t, cs, "team-a")
+}
+
+// waitForServiceAccount waits until the serviceaccount controller has given
+// namespace ns its default ServiceAccount.
+func waitForServiceAccount(t *testing.T, cs kubernetes.Interface, ns string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	})
 	if err != nil {
-		t.Fatalf("default service account never appeared: %v", err)
+		t.Fatalf("namespace %s never got its default service account: %v", ns, err)
 	}
 }
 
@@ -103,11 +110,17 @@ func TestRestartKeepsDataAndStopLeavesNothingRunning(t *testing.T) {
 }
 
 // Restarting the API server alone replaces that one process: the new one
-// serves the same data at the same address, and etcd keeps running.
+// serves the same data at the same address, and etcd and the running
+// controller manager keep running.
 func TestRestartAPIServerReplacesOnlyTheAPIServer(t *testing.T) {
 	reg := &process.Registry{}
 	cp, cs := startWithData(t, reg)
 	ctx := context.Background()
+	// kube-controller-manager gives up (exits) when the API server is not
+	// healthy within 10 s of its own start, as it does in any cluster, where
+	// the kubelet restarts it. The restart under test is of a control plane
+	// in service, so it waits until the controllers run.
+	waitForServiceAccount(t, cs, "default")
 	pids := map[string]int{}
 	for _, p := range reg.Started() {
 		pids[p.Name] = p.PID()
