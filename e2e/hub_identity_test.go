@@ -23,6 +23,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
+	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
@@ -160,12 +161,12 @@ func startSecondHub(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
-	ports, err := controlplane.FreePorts(2)
+	free, err := ports.Free(2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-	probeAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(free[0]))
+	probeAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(free[1]))
 	p, _, err := fl.StartImage(ctx, fl.Image("hub"), process.Spec{Name: "second-hub/hub",
 		LogPath: filepath.Join(cp.Dir(), "logs", "hub.log"),
 		Args: []string{"--kubeconfig=" + cp.AdminKubeconfig(), "--cluster-namespace=" + fleet.Namespace,

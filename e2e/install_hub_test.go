@@ -31,6 +31,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
+	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
@@ -223,12 +224,12 @@ type hubReplica struct {
 // the lease).
 func startHubReplica(t *testing.T, inst *fleet.Fleet, i int, image string, deploymentArgs []string, kubeconfig string) *hubReplica {
 	t.Helper()
-	ports, err := controlplane.FreePorts(2)
+	free, err := ports.Free(2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-	probeAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(free[0]))
+	probeAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(free[1]))
 	args := slices.Clone(deploymentArgs)
 	for i, a := range args {
 		switch {

@@ -254,14 +254,6 @@ func peerDirectory(peers []*fakePeer) string {
 	return s
 }
 
-func freePort() (int, error) {
-	ports, err := controlplane.FreePorts(1)
-	if err != nil {
-		return 0, err
-	}
-	return ports[0], nil
-}
-
 func portString(p int) string { return strconv.Itoa(p) }
 
 var errTimeout = errors.New("timed out")

@@ -40,6 +40,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
+	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
@@ -132,10 +133,11 @@ func run(ctx context.Context, c config) error {
 	if c.epp == "" {
 		c.epp = b.EPP
 	}
-	fedPort, err := freePort()
+	fed, err := ports.Free(1)
 	if err != nil {
 		return err
 	}
+	fedPort := fed[0]
 	variants := []variant{
 		{name: "gie-stock", binary: c.stock},
 		{name: "fleetinfer", binary: c.epp, federated: c.peers * c.perPeer, args: []string{
@@ -209,24 +211,24 @@ type eppProc struct {
 }
 
 func startEPP(ctx context.Context, v variant, kubeconfig, dir string, reg *process.Registry) (*eppProc, error) {
-	ports, err := controlplane.FreePorts(3)
+	free, err := ports.Free(3)
 	if err != nil {
 		return nil, err
 	}
 	args := append([]string{"--pool-name=" + benchPool, "--pool-namespace=" + benchNS,
-		"--grpc-port=" + portString(ports[0]), "--grpc-health-port=" + portString(ports[1]), "--metrics-port=" + portString(ports[2]),
+		"--grpc-port=" + portString(free[0]), "--grpc-health-port=" + portString(free[1]), "--metrics-port=" + portString(free[2]),
 		"--secure-serving=false", "--tracing=false", "--metrics-endpoint-auth=false", "--enable-pprof=false", "--v=1"}, v.args...)
 	p, err := process.Start(process.Spec{Name: v.name, Path: v.binary, Args: args, Env: []string{"KUBECONFIG=" + kubeconfig},
 		LogPath: filepath.Join(dir, v.name+".log")}, reg)
 	if err != nil {
 		return nil, err
 	}
-	e := &eppProc{v: v, p: p, metricsURL: "http://127.0.0.1:" + portString(ports[2]) + "/metrics"}
-	if err := waitReady(ctx, "127.0.0.1:"+portString(ports[1]), e.metricsURL, v.federated, p); err != nil {
+	e := &eppProc{v: v, p: p, metricsURL: "http://127.0.0.1:" + portString(free[2]) + "/metrics"}
+	if err := waitReady(ctx, "127.0.0.1:"+portString(free[1]), e.metricsURL, v.federated, p); err != nil {
 		e.stop()
 		return nil, err
 	}
-	if e.picker, err = extproc.Dial("127.0.0.1:" + portString(ports[0])); err != nil {
+	if e.picker, err = extproc.Dial("127.0.0.1:" + portString(free[0])); err != nil {
 		e.stop()
 		return nil, err
 	}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
@@ -105,11 +106,11 @@ func New(opts Options) (*ControlPlane, error) {
 			return nil, err
 		}
 	}
-	ports, err := FreePorts(3)
+	free, err := ports.Free(3)
 	if err != nil {
 		return nil, err
 	}
-	c.apiPort, c.etcdPort, c.peerPort = ports[0], ports[1], ports[2]
+	c.apiPort, c.etcdPort, c.peerPort = free[0], free[1], free[2]
 	if c.ca, err = newAuthority(opts.Name); err != nil {
 		return nil, err
 	}
@@ -414,28 +415,6 @@ func WaitHTTP(ctx context.Context, p *process.Process, hc *http.Client, url stri
 		case <-tick.C:
 		}
 	}
-}
-
-// FreePorts reserves n distinct free TCP ports on 127.0.0.1. The ports are
-// released before returning, so a racing process could take one; the callers
-// start their listeners right away.
-func FreePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // Kubeconfig renders cfg (certificate or token authentication) as a

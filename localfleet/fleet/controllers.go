@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
@@ -77,12 +78,12 @@ func (f *Fleet) startSpokeController(ctx context.Context, s *Cluster) error {
 // loopback metrics and probe ports, makes it the cluster's
 // ControllerMetrics and waits until it reports ready.
 func (f *Fleet) startController(ctx context.Context, c *Cluster, image, name string, args []string) (*process.Process, error) {
-	ports, err := controlplane.FreePorts(2)
+	free, err := ports.Free(2)
 	if err != nil {
 		return nil, err
 	}
-	probe := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
-	metrics := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	probe := net.JoinHostPort("127.0.0.1", strconv.Itoa(free[1]))
+	metrics := net.JoinHostPort("127.0.0.1", strconv.Itoa(free[0]))
 	p, _, err := f.StartImage(ctx, image, process.Spec{
 		Name:    c.Name() + "/" + name,
 		Args:    append(args, "--metrics-bind-address="+metrics, "--health-probe-bind-address="+probe),

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
@@ -77,11 +78,11 @@ func (f *Fleet) startLWS(ctx context.Context, c *Cluster) error {
 	if err := os.WriteFile(filepath.Join(certDir, "tls.key"), key, 0o600); err != nil {
 		return err
 	}
-	ports, err := controlplane.FreePorts(2)
+	free, err := ports.Free(2)
 	if err != nil {
 		return err
 	}
-	webhookPort, probe := ports[0], net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	webhookPort, probe := free[0], net.JoinHostPort("127.0.0.1", strconv.Itoa(free[1]))
 	// LWS's component configuration (config.lws.x-k8s.io); JSON is YAML.
 	config, err := json.Marshal(map[string]any{
 		"apiVersion":             "config.lws.x-k8s.io/v1alpha1",

@@ -3,10 +3,10 @@ package kubelet
 import (
 	"encoding/binary"
 	"fmt"
-	"net"
 	"net/netip"
-	"strconv"
 	"sync"
+
+	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 )
 
 // addresses hands out loopback addresses from one range: nodes from the top
@@ -94,14 +94,9 @@ func (a *addresses) release(ip string) {
 
 // freePort reserves a free local port for a process to listen on.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	free, err := ports.Free(1)
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	_, port, err := net.SplitHostPort(l.Addr().String())
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(port)
+	return free[0], nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
+	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
@@ -94,13 +95,13 @@ func TestRunAgainstTheSimulator(t *testing.T) {
 	if err != nil {
 		t.Skip(err) // make tools builds the simulator
 	}
-	ports, err := controlplane.FreePorts(1)
+	free, err := ports.Free(1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := &process.Registry{}
 	defer reg.StopAll(controlplane.StopGrace)
-	port := strconv.Itoa(ports[0])
+	port := strconv.Itoa(free[0])
 	sim, err := process.Start(process.Spec{Name: "sim", Path: b.Simulator, Env: []string{"POD_NAME=sim-0", "POD_NAMESPACE=test"},
 		Args: []string{"--model=m", "--port=" + port, "--force-dummy-tokenizer", "--time-to-first-token=50ms", "--inter-token-latency=2ms"}}, reg)
 	if err != nil {
