@@ -519,11 +519,7 @@ func TestComponentsRunFromTheRegistrysImages(t *testing.T) {
 	spoke := fl.Spokes[0]
 	ns := namespace(t, spoke)
 	ctx := context.Background()
-	for _, o := range fedpool.EPPRBAC(ns) {
-		if err := spoke.Client.Create(ctx, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createPickerRBAC(t, spoke, ns)
 	tag := fl.Image("epp")
 	digest := fl.ImageDigests[tag]
 	if digest == "" {
@@ -553,5 +549,42 @@ func TestComponentsRunFromTheRegistrysImages(t *testing.T) {
 	}
 	if bad := fl.NotFromImages(); len(bad) > 0 {
 		t.Errorf("run from binaries, not the registry's images: %v", bad)
+	}
+}
+
+// A container that fails at start says why where users look: under
+// FallbackToLogsOnError the kubelet puts its log's tail in the terminated
+// state's message, which `kubectl describe pod` shows.
+func TestAFailedContainersStatusCarriesItsLogTail(t *testing.T) {
+	spoke := fl.Spokes[0]
+	ns := namespace(t, spoke)
+	ctx := context.Background()
+	createPickerRBAC(t, spoke, ns)
+	if err := spoke.Client.Create(ctx, fedpool.EPPPod(ns, "misconfigured", fl.Image("epp"), "--no-such-flag")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, "the failed picker's message", func(ctx context.Context) error {
+		pod := &corev1.Pod{}
+		if err := spoke.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fedpool.EPPName("misconfigured")}, pod); err != nil {
+			return err
+		}
+		if pod.Status.Phase != corev1.PodFailed || len(pod.Status.ContainerStatuses) != 1 {
+			return fmt.Errorf("phase %s, containers %+v", pod.Status.Phase, pod.Status.ContainerStatuses)
+		}
+		term := pod.Status.ContainerStatuses[0].State.Terminated
+		if term == nil || term.ExitCode == 0 || !strings.Contains(term.Message, "no-such-flag") {
+			return fmt.Errorf("terminated state %+v", term)
+		}
+		return nil
+	})
+}
+
+// createPickerRBAC gives namespace ns the picker's ServiceAccount and role.
+func createPickerRBAC(t *testing.T, spoke *fleet.Cluster, ns string) {
+	t.Helper()
+	for _, o := range fedpool.EPPRBAC(ns) {
+		if err := spoke.Client.Create(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -139,10 +138,9 @@ func stockEPPPod(s *fleet.Cluster, ns string) *corev1.Pod {
 }
 
 // stockEPPReady waits for the stock picker of cluster s to be Ready. One
-// whose binary exited at start (the router kubelet hands it free ports
-// found before the binary binds them, which another process can take
-// meanwhile) is replaced, at most twice, with the end of its log in the
-// message, as a ReplicaSet would replace a failed pod.
+// whose binary exited at start is replaced, at most twice, with the end of
+// its log (the kubelet's termination message) in the output, as a
+// ReplicaSet would replace a failed pod.
 func stockEPPReady(ctx context.Context, fl *fleet.Fleet, s *fleet.Cluster, ns string) error {
 	key := client.ObjectKey{Namespace: ns, Name: fedpool.EPPName(stockPool)}
 	for attempt := 1; ; attempt++ {
@@ -164,7 +162,7 @@ func stockEPPReady(ctx context.Context, fl *fleet.Fleet, s *fleet.Cluster, ns st
 		if err != nil || failed == nil {
 			return err
 		}
-		why := fmt.Sprintf("%s stock EPP exited at start (attempt %d): %s", s.Name(), attempt, logTail(fl, s, failed))
+		why := fmt.Sprintf("%s stock EPP exited at start (attempt %d): %s", s.Name(), attempt, fedpool.TerminationMessage(failed))
 		if attempt == 3 {
 			return errors.New(why)
 		}
@@ -186,17 +184,6 @@ func stockEPPReady(ctx context.Context, fl *fleet.Fleet, s *fleet.Cluster, ns st
 			return err
 		}
 	}
-}
-
-// logTail is the last line of a router-node pod's picker log, or why it
-// could not be read.
-func logTail(fl *fleet.Fleet, s *fleet.Cluster, p *corev1.Pod) string {
-	b, err := os.ReadFile(filepath.Join(fl.Dir(), s.Name()+"-router", "pods", p.Namespace+"_"+p.Name+"_"+string(p.UID), "epp.log"))
-	if err != nil {
-		return "log unreadable: " + err.Error()
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
 }
 
 // warm sends a few completions through every gateway to both pools, until

@@ -160,6 +160,9 @@ func Deploy(ctx context.Context, o Options) (*Pool, error) {
 			if err := m.Cluster.Client.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: EPPName(o.Pool)}, &m.EPP); err != nil {
 				return err
 			}
+			if m.EPP.Status.Phase == corev1.PodFailed {
+				return fmt.Errorf("EPP pod Failed: %s", TerminationMessage(&m.EPP))
+			}
 			if !PodReady(&m.EPP) {
 				return fmt.Errorf("EPP pod %s, containers %+v", m.EPP.Status.Phase, m.EPP.Status.ContainerStatuses)
 			}
@@ -312,6 +315,7 @@ func EPPPod(ns, pool, image string, args ...string) *corev1.Pod {
 					{Name: "metrics", ContainerPort: MetricsPort}},
 				ReadinessProbe: &corev1.Probe{PeriodSeconds: 2, ProbeHandler: corev1.ProbeHandler{
 					GRPC: &corev1.GRPCAction{Port: HealthPort, Service: ptr.To("envoy.service.ext_proc.v3.ExternalProcessor")}}},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
 		},
 	}
@@ -447,6 +451,21 @@ func PodReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// TerminationMessage is what the kubelet reported of p's terminated
+// containers: under FallbackToLogsOnError, a failed one's log tail.
+func TerminationMessage(p *corev1.Pod) string {
+	var out []string
+	for _, c := range p.Status.ContainerStatuses {
+		if t := c.State.Terminated; t != nil {
+			out = append(out, fmt.Sprintf("%s exited %d: %s", c.Name, t.ExitCode, strings.TrimSpace(t.Message)))
+		}
+	}
+	if len(out) == 0 {
+		return "no container terminated"
+	}
+	return strings.Join(out, "; ")
 }
 
 // Wait retries check every 200 ms until it returns nil, or fails with the

@@ -132,13 +132,14 @@ func (c *container) runOnce(ctx context.Context) (int32, bool) {
 		}
 		fwds = append(fwds, f)
 	}
+	logPath := filepath.Join(c.w.dir, c.spec.Name+".log")
 	proc, err := process.Start(process.Spec{
 		Name:    c.w.key + "/" + c.spec.Name,
 		Path:    launch.Path,
 		Args:    launch.Args,
 		Env:     launch.Env,
 		Dir:     cmp.Or(launch.Dir, c.w.dir),
-		LogPath: filepath.Join(c.w.dir, c.spec.Name+".log"),
+		LogPath: logPath,
 	}, c.w.k.opts.Registry)
 	if err != nil {
 		c.fail("RunContainerError", err)
@@ -171,9 +172,10 @@ func (c *container) runOnce(ctx context.Context) (int32, bool) {
 	}
 	stopProbes()
 	code := exitCode(proc.ExitErr())
+	msg := terminationMessage(c.spec, code, logPath)
 	c.update(func() {
 		t := &corev1.ContainerStateTerminated{ExitCode: code, Reason: "Completed",
-			StartedAt: metav1.NewTime(c.startedAt), FinishedAt: metav1.Now(), ContainerID: containerID(proc)}
+			StartedAt: metav1.NewTime(c.startedAt), FinishedAt: metav1.Now(), ContainerID: containerID(proc), Message: msg}
 		if code != 0 {
 			t.Reason = "Error"
 		}
