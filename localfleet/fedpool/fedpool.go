@@ -161,7 +161,7 @@ func Deploy(ctx context.Context, o Options) (*Pool, error) {
 				return err
 			}
 			if m.EPP.Status.Phase == corev1.PodFailed {
-				return fmt.Errorf("EPP pod Failed: %s", TerminationMessage(&m.EPP))
+				return Final(fmt.Errorf("EPP pod Failed: %s", TerminationMessage(&m.EPP)))
 			}
 			if !PodReady(&m.EPP) {
 				return fmt.Errorf("EPP pod %s, containers %+v", m.EPP.Status.Phase, m.EPP.Status.ContainerStatuses)
@@ -469,7 +469,7 @@ func TerminationMessage(p *corev1.Pod) string {
 }
 
 // Wait retries check every 200 ms until it returns nil, or fails with the
-// last error after timeout.
+// last error after timeout, or at once with an error marked Final.
 func Wait(ctx context.Context, timeout time.Duration, what string, check func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -478,6 +478,10 @@ func Wait(ctx context.Context, timeout time.Duration, what string, check func(ct
 		if last == nil {
 			return nil
 		}
+		var final finalError
+		if errors.As(last, &final) {
+			return fmt.Errorf("%s: %w", what, final.error)
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%s: not true after %s: %w", what, timeout, errors.Join(last, ctx.Err()))
@@ -485,3 +489,12 @@ func Wait(ctx context.Context, timeout time.Duration, what string, check func(ct
 		}
 	}
 }
+
+// Final marks an error of a Wait check that no retry can change, such as a
+// bare pod that Failed (nothing restarts it), so that Wait returns it at
+// once instead of at the timeout.
+func Final(err error) error { return finalError{err} }
+
+type finalError struct{ error }
+
+func (e finalError) Unwrap() error { return e.error }
