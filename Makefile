@@ -115,7 +115,7 @@ bench-epp: tools build images ## EPP: fleetinfer (1,000 federated pods) vs GIE v
 bench-hub: tools build images ## Hub: apply → copy in every spoke for 100 services (vs direct creates) and failover time; bench/results/hub.{json,md,svg}.
 	go run ./bench/hub -out bench/results
 
-bench-routing: tools build images ## Routing: GIE local, SkyServe round-robin and least-load, fleetinfer, oracle over 7 scenarios on three clusters apart; bench/results/routing.{json,md} and routing-*.svg.
+bench-routing: tools build images ## Routing: GIE local, SkyServe round-robin and least-load, fleetinfer, oracle over 8 scenarios on three clusters apart; bench/results/routing.{json,md} and routing-*.svg.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 	go run ./bench/routing -out bench/results -stock-epp $(BIN)/gie-epp
 

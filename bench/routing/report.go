@@ -61,6 +61,11 @@ type runResult struct {
 	// cluster than the one they entered.
 	CrossShare float64 `json:"cross_cluster_share"`
 	Crossed    int     `json:"crossed"`
+	// Local and Across are the TTFT of completed requests served in the
+	// cluster they entered and in another one: what a crossing costs a
+	// policy beyond its link shows in the difference.
+	Local  split `json:"served_where_entered"`
+	Across split `json:"served_across"`
 	// CacheHit is the share of prompt tokens the simulators found in their
 	// prefix caches.
 	CacheHit float64 `json:"prefix_cache_hit"`
@@ -90,12 +95,23 @@ type runResult struct {
 	MaxSendLagMs float64 `json:"max_send_lag_ms"`
 }
 
+// split is the TTFT of a part of a run's requests.
+type split struct {
+	Requests int     `json:"requests"`
+	P50Ms    float64 `json:"ttft_p50_ms"`
+	P99Ms    float64 `json:"ttft_p99_ms"`
+}
+
+func splitOf(ttft []float64) split {
+	return split{Requests: len(ttft), P50Ms: stats.Quantile(ttft, 0.5), P99Ms: stats.Quantile(ttft, 0.99)}
+}
+
 func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Duration, wall time.Duration) runResult {
 	secs := int((window + time.Second - 1) / time.Second)
 	r := runResult{Scenario: sc.Name, Policy: pol, Rep: rep, Requests: len(out), Served: make([]int, len(sc.Replicas)),
 		ErrKinds: map[string]int{}, GoodPerSecond: make([]int, secs), ErrPerSecond: make([]int, secs), WallS: wall.Seconds(),
 		LoadAverage: host.LoadAverage()}
-	var ttft []float64
+	var ttft, local, across []float64
 	var span time.Duration
 	good, cross, served, prompt, cached := 0, 0, 0, 0, 0
 	for _, x := range out {
@@ -120,10 +136,14 @@ func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Dur
 			r.Served[x.Served]++
 			if x.Served != x.Entry {
 				cross++
+				across = append(across, ms(x.TTFT))
+			} else {
+				local = append(local, ms(x.TTFT))
 			}
 		}
 	}
 	r.P50Ms, r.P90Ms, r.P99Ms = stats.Quantile(ttft, 0.5), stats.Quantile(ttft, 0.9), stats.Quantile(ttft, 0.99)
+	r.Local, r.Across = splitOf(local), splitOf(across)
 	r.SpanS = span.Seconds()
 	if span > 0 {
 		r.Throughput = float64(r.OK) / span.Seconds()
@@ -187,6 +207,10 @@ type summary struct {
 	RemoteAgeP99Ms *float64 `json:"remote_age_p99_ms,omitempty"`
 	// FederationKiBps is the median of the runs'.
 	FederationKiBps *float64 `json:"federation_kib_per_s_per_peer,omitempty"`
+	// Local and Across hold the medians of the runs' p50 and p99 (of runs
+	// with such requests) and the requests of all runs.
+	Local  split `json:"served_where_entered"`
+	Across split `json:"served_across"`
 	// LoadAverage and SendLagMs are medians of the runs' figures.
 	LoadAverage float64 `json:"load_average"`
 	SendLagMs   float64 `json:"max_send_lag_ms"`
@@ -235,6 +259,8 @@ func (r *results) summarize() {
 			Goodput: stats.Median(gp), WithinSLO: stats.Median(slo), CrossShare: stats.Median(cross), CacheHit: stats.Median(hit), ErrorShare: stats.Median(errs),
 			P99Range: [2]float64{slices.Min(p99s), slices.Max(p99s)}, GoodputRange: [2]float64{slices.Min(gp), slices.Max(gp)},
 			ForwardedTwice: twice, LoadAverage: stats.Median(load), SendLagMs: stats.Median(lag), Runs: len(groups[k])}
+		s.Local = medianSplit(groups[k], func(r runResult) split { return r.Local })
+		s.Across = medianSplit(groups[k], func(r runResult) split { return r.Across })
 		if len(age) > 0 {
 			m := stats.Median(age)
 			s.RemoteAgeP99Ms = &m
@@ -246,6 +272,22 @@ func (r *results) summarize() {
 		r.Summary = append(r.Summary, s)
 	}
 	r.Bars = r.judge()
+}
+
+// medianSplit is the median over runs of one part of their requests.
+func medianSplit(runs []runResult, part func(runResult) split) split {
+	var out split
+	var p50s, p99s []float64
+	for _, r := range runs {
+		if x := part(r); x.Requests > 0 {
+			out.Requests += x.Requests
+			p50s, p99s = append(p50s, x.P50Ms), append(p99s, x.P99Ms)
+		}
+	}
+	if len(p50s) > 0 {
+		out.P50Ms, out.P99Ms = stats.Median(p50s), stats.Median(p99s)
+	}
+	return out
 }
 
 // real are the policies one can run; the oracle is a bound.
@@ -449,6 +491,7 @@ func (r *results) markdown() string {
 		}
 		b.WriteString("\n")
 	}
+	b.WriteString(r.splitTable())
 	if len(r.Bars) > 0 {
 		b.WriteString("## The issue's bars\n\nJudged on the medians above.\n\n| scenario | bar | fleetinfer | met |\n|---|---|---|---|\n")
 		for _, x := range r.Bars {
@@ -474,6 +517,33 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d %s | %.0f | %.0f | %.0f | %s | %.0f | %.1f | %.0f |\n", x.Scenario, x.Policy, x.Rep, x.Requests, x.OK, x.Errors,
 			strings.Join(kinds, ", "), x.P50Ms, x.P90Ms, x.P99Ms, join(x.Served), x.WallS, x.LoadAverage, x.MaxSendLagMs)
 	}
+	return b.String()
+}
+
+// splitTable sets, per scenario and policy, the requests served where they
+// entered beside those served across: a crossing's cost beyond its link
+// shows as the difference, and the oracle, which skips every gateway and
+// picker, shows what those cost.
+func (r *results) splitTable() string {
+	var b strings.Builder
+	b.WriteString("## Served where they entered, and across\n\n" +
+		"TTFT of the completed requests served in the cluster they entered and of those served in another one (medians over the runs; requests summed). " +
+		"Least-load's crossings pay their link once, from the client, then one gateway and picker; fleetinfer's in Parent mode pay the link from the entry " +
+		"cluster's gateway and picker to the other cluster's gateway and picker; the oracle's pay the link and no gateway or picker at all.\n\n" +
+		"| scenario | policy | where entered: requests | p50 ms | p99 ms | across: requests | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|\n")
+	cell := func(x split) string {
+		if x.Requests == 0 {
+			return "0 | – | –"
+		}
+		return fmt.Sprintf("%d | %.0f | %.0f", x.Requests, x.P50Ms, x.P99Ms)
+	}
+	for _, m := range r.Summary {
+		if m.Policy == "gie-local" {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", m.Scenario, m.Policy, cell(m.Local), cell(m.Across))
+	}
+	b.WriteString("\n")
 	return b.String()
 }
 
@@ -523,8 +593,13 @@ func (*results) readHotCluster(b *strings.Builder, get func(sc, pol string) summ
 	hotF, hotRR, hotLL, hotO := get("hot-cluster", "fleetinfer"), get("hot-cluster", "round-robin"), get("hot-cluster", "least-load"), get("hot-cluster", "oracle")
 	fmt.Fprintf(b, "**Hot cluster.** fleetinfer's pickers send a request to another cluster only when a pod there is expected to answer sooner, "+
 		"round trip included: %.0f%% of its requests crossed (round-robin %.0f%%, least-load %.0f%%, oracle %.0f%%), p99 %.0f ms against %.0f (round-robin), "+
-		"%.0f (least-load) and %.0f (oracle). Every crossing pays its link's round trip (19–34 ms here) on top of an extra gateway and picker.\n\n",
-		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotLL.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotRR.P99Ms, hotLL.P99Ms, hotO.P99Ms)
+		"%.0f (least-load) and %.0f (oracle). Every crossing pays its link's round trip (19–34 ms here) on top of an extra gateway and picker. "+
+		"Where the time goes (the table above): requests served where they entered took p50 %.0f ms under fleetinfer, %.0f under least-load and %.0f "+
+		"under the oracle, which passes no gateway or picker; requests served across took p50 %.0f ms (p99 %.0f) under fleetinfer against %.0f (p99 %.0f) "+
+		"under least-load, whose crossings pass one gateway and picker, and %.0f (p99 %.0f) under the oracle.\n\n",
+		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotLL.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotRR.P99Ms, hotLL.P99Ms, hotO.P99Ms,
+		hotF.Local.P50Ms, hotLL.Local.P50Ms, hotO.Local.P50Ms, hotF.Across.P50Ms, hotF.Across.P99Ms, hotLL.Across.P50Ms, hotLL.Across.P99Ms,
+		hotO.Across.P50Ms, hotO.Across.P99Ms)
 }
 
 func (*results) readFlat(b *strings.Builder, get func(sc, pol string) summary) {

@@ -271,6 +271,27 @@ func TestRunSummary(t *testing.T) {
 	if r.P50Ms != 300 || !slices.Equal(r.GoodPerSecond, []int{2, 0}) || !slices.Equal(r.ErrPerSecond, []int{0, 1}) {
 		t.Fatalf("p50 %v good %v errors %v", r.P50Ms, r.GoodPerSecond, r.ErrPerSecond)
 	}
+	// Served where they entered: 100 and 2000 ms; across: 300 ms; the
+	// failed request is in neither.
+	if r.Local != (split{Requests: 2, P50Ms: 1050, P99Ms: 1981}) || r.Across != (split{Requests: 1, P50Ms: 300, P99Ms: 300}) {
+		t.Fatalf("where entered %+v, across %+v", r.Local, r.Across)
+	}
+}
+
+func TestSplitMediansLeaveOutRunsWithoutSuchRequests(t *testing.T) {
+	runs := []runResult{
+		{Across: split{Requests: 10, P50Ms: 100, P99Ms: 300}},
+		{Across: split{}},
+		{Across: split{Requests: 20, P50Ms: 140, P99Ms: 500}},
+		{Across: split{Requests: 30, P50Ms: 120, P99Ms: 400}},
+	}
+	got := medianSplit(runs, func(r runResult) split { return r.Across })
+	if want := (split{Requests: 60, P50Ms: 120, P99Ms: 400}); got != want {
+		t.Fatalf("median split %+v, want %+v", got, want)
+	}
+	if got := medianSplit(runs, func(r runResult) split { return r.Local }); got != (split{}) {
+		t.Fatalf("median of no requests %+v, want zero", got)
+	}
 }
 
 func TestBarsAreJudgedOnTheMedians(t *testing.T) {
