@@ -77,6 +77,10 @@ func Hashes(model, prompt string) []uint64 {
 type Index struct {
 	mu   sync.RWMutex
 	pods map[types.NamespacedName]*podRecord
+	// holders counts the pods holding each block, so that a prompt no pod
+	// holds (most prompts but a shared system prompt's) is told apart with
+	// one lookup instead of one per pod (Held).
+	holders map[uint64]int32
 }
 
 // podRecord holds a pod's most recent blocks, least recent at the back.
@@ -90,7 +94,7 @@ type podRecord struct {
 
 // NewIndex returns an empty index.
 func NewIndex() *Index {
-	return &Index{pods: map[types.NamespacedName]*podRecord{}}
+	return &Index{pods: map[types.NamespacedName]*podRecord{}, holders: map[uint64]int32{}}
 }
 
 // Record notes that pod was sent a prompt of these block hashes.
@@ -111,13 +115,38 @@ func (x *Index) Record(pod types.NamespacedName, hashes []uint64) {
 			continue
 		}
 		r.blocks[h] = r.order.PushFront(h)
+		x.holders[h]++
 		r.version++
 		if r.order.Len() > Capacity {
 			last := r.order.Back()
+			x.release(last.Value.(uint64))
 			delete(r.blocks, last.Value.(uint64))
 			r.order.Remove(last)
 		}
 	}
+}
+
+// release notes that a pod no longer holds h.
+func (x *Index) release(h uint64) {
+	if x.holders[h]--; x.holders[h] <= 0 {
+		delete(x.holders, h)
+	}
+}
+
+// Held returns how many leading blocks of hashes are each held by some pod:
+// no pod's Match is longer. None in a nil index.
+func (x *Index) Held(hashes []uint64) int {
+	if x == nil {
+		return 0
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for i, h := range hashes {
+		if x.holders[h] == 0 {
+			return i
+		}
+	}
+	return len(hashes)
 }
 
 // Match returns how many leading blocks of hashes pod holds; none in a nil
@@ -163,8 +192,11 @@ func (x *Index) Summary(pod types.NamespacedName) (*Summary, uint64) {
 func (x *Index) Retain(keep func(types.NamespacedName) bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for pod := range x.pods {
+	for pod, r := range x.pods {
 		if !keep(pod) {
+			for h := range r.blocks {
+				x.release(h)
+			}
 			delete(x.pods, pod)
 		}
 	}

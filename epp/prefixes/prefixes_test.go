@@ -92,6 +92,67 @@ func TestTheIndexKeepsEachPodsRecentBlocks(t *testing.T) {
 	}
 }
 
+// Held counts the leading blocks each held by some pod, through records,
+// evictions and pods going away: no pod's Match exceeds it.
+func TestHeldBoundsEveryPodsMatch(t *testing.T) {
+	a, b := types.NamespacedName{Namespace: "ns", Name: "a"}, types.NamespacedName{Namespace: "ns", Name: "b"}
+	system := text("system", 8)
+	doc := Hashes("m", system+text("doc", 12))
+	other := func(i int) []uint64 { return Hashes("m", text(fmt.Sprint("other", i), 64)) }
+	cases := []struct {
+		name   string
+		record func(x *Index)
+		want   int
+	}{
+		{"nothing recorded", func(*Index) {}, 0},
+		{"one pod holds the whole prompt", func(x *Index) { x.Record(a, doc) }, 20},
+		{"pods hold its system prompt and part of the rest", func(x *Index) {
+			x.Record(a, doc[:8])
+			x.Record(b, doc[:14])
+		}, 14},
+		{"blocks held by different pods count as held", func(x *Index) {
+			x.Record(a, doc[:3])
+			x.Record(b, doc[3:])
+		}, 20},
+		{"a pod's evicted blocks are no longer held", func(x *Index) {
+			x.Record(a, doc)
+			for i := range Capacity/64 + 1 {
+				x.Record(a, other(i))
+			}
+		}, 0},
+		{"another pod still holds a block one pod evicted", func(x *Index) {
+			x.Record(a, doc)
+			x.Record(b, doc[:6])
+			for i := range Capacity/64 + 1 {
+				x.Record(a, other(i))
+			}
+		}, 6},
+		{"a pod gone no longer holds anything", func(x *Index) {
+			x.Record(a, doc)
+			x.Record(b, doc[:4])
+			x.Retain(func(p types.NamespacedName) bool { return p == b })
+		}, 4},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			x := NewIndex()
+			c.record(x)
+			if got := x.Held(doc); got != c.want {
+				t.Errorf("Held = %d, want %d", got, c.want)
+			}
+			for _, p := range []types.NamespacedName{a, b} {
+				if m := x.Match(p, doc); m > c.want {
+					t.Errorf("pod %s matches %d blocks, more than Held's %d", p.Name, m, c.want)
+				}
+			}
+		})
+	}
+	var none *Index
+	if got := none.Held(doc); got != 0 {
+		t.Errorf("a nil index holds %d blocks", got)
+	}
+}
+
 // A summary carries the pod's blocks across the wire, and a block the pod
 // does not hold matches with about the stated probability at full
 // capacity.

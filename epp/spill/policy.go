@@ -209,16 +209,30 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			if (capped && floor >= beat) || (len(top) == k && floor >= top[k-1].est) {
 				break
 			}
-			est := wait(e.Queue(), e.Running(), m.lookup(e.Endpoint.GetMetadata().NamespacedName), poolRate) + cost
+			// The prefill, from the summary, comes before the pod's own
+			// load: at headroom most endpoints fall past the bar by it.
+			var unheld time.Duration
 			if len(prompt.Hashes) > 0 {
 				held := 0
 				if s := e.Prefixes; s != nil {
 					held = s.Match(prompt.Hashes)
 				}
-				est += p.prefill(len(prompt.Hashes) - held)
+				unheld = p.prefill(len(prompt.Hashes) - held)
 			}
+			if (capped && floor+unheld >= beat) || (len(top) == k && floor+unheld >= top[k-1].est) {
+				continue
+			}
+			// This picker's own requests in flight to the pod only add to
+			// its load: look them up only for a pod within the bar without.
+			est := wait(e.Queue(), e.Running(), nil, poolRate) + cost + unheld
 			if capped && est >= beat {
 				continue
+			}
+			if pm := m.lookup(e.Endpoint.GetMetadata().NamespacedName); pm != nil {
+				est = wait(e.Queue(), e.Running(), pm, poolRate) + cost + unheld
+				if capped && est >= beat {
+					continue
+				}
 			}
 			top = insertBounded(top, ranked{e: e, est: est})
 		}
@@ -240,6 +254,12 @@ const never = time.Duration(math.MaxInt64)
 // to answer, never without one.
 func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter, prompt Prompt) time.Duration {
 	best := never
+	// No local pod holds more of the prompt than some pod does: when none
+	// holds its first block, none is matched.
+	held := 0
+	if len(prompt.Hashes) > 0 {
+		held = prompt.Local.Held(prompt.Hashes)
+	}
 	for _, ep := range local {
 		mt := ep.GetMetrics()
 		if mt == nil || now.Sub(mt.UpdateTime) > time.Duration(p.params.MetricsStalenessThreshold) {
@@ -261,7 +281,11 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter, prom
 		}
 		est := wait(mt.WaitingQueueSize, running, pm, rate)
 		if len(prompt.Hashes) > 0 {
-			est += p.prefill(len(prompt.Hashes) - prompt.Local.Match(ep.GetMetadata().NamespacedName, prompt.Hashes))
+			matched := 0
+			if held > 0 {
+				matched = prompt.Local.Match(ep.GetMetadata().NamespacedName, prompt.Hashes[:held])
+			}
+			est += p.prefill(len(prompt.Hashes) - matched)
 		}
 		best = min(best, est)
 	}
