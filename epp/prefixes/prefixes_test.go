@@ -98,7 +98,12 @@ func TestHeldBoundsEveryPodsMatch(t *testing.T) {
 	a, b := types.NamespacedName{Namespace: "ns", Name: "a"}, types.NamespacedName{Namespace: "ns", Name: "b"}
 	system := text("system", 8)
 	doc := Hashes("m", system+text("doc", 12))
-	other := func(i int) []uint64 { return Hashes("m", text(fmt.Sprint("other", i), 64)) }
+	// evictAll sends pod more blocks of other prompts than it keeps.
+	evictAll := func(x *Index, pod types.NamespacedName) {
+		for i := range Capacity/64 + 1 {
+			x.Record(pod, Hashes("m", text(fmt.Sprint("other", i), 64)))
+		}
+	}
 	cases := []struct {
 		name   string
 		record func(x *Index)
@@ -116,16 +121,12 @@ func TestHeldBoundsEveryPodsMatch(t *testing.T) {
 		}, 20},
 		{"a pod's evicted blocks are no longer held", func(x *Index) {
 			x.Record(a, doc)
-			for i := range Capacity/64 + 1 {
-				x.Record(a, other(i))
-			}
+			evictAll(x, a)
 		}, 0},
 		{"another pod still holds a block one pod evicted", func(x *Index) {
 			x.Record(a, doc)
 			x.Record(b, doc[:6])
-			for i := range Capacity/64 + 1 {
-				x.Record(a, other(i))
-			}
+			evictAll(x, a)
 		}, 6},
 		{"a pod gone no longer holds anything", func(x *Index) {
 			x.Record(a, doc)
