@@ -302,9 +302,9 @@ func (r *results) freshnessSVG() string {
 const whereTimeGoes = "\n## Where the time goes\n\n" +
 	"Profiles of both EPPs under this benchmark's load (`go run ./bench/epp -profile DIR`: perf for CPU, GIE's pprof for allocations) " +
 	"and `go test ./epp -run '^$' -bench BenchmarkPick` (both wirings in process, without scraping or sockets) are in [epp-analysis.md](epp-analysis.md). In short:\n\n" +
-	"- *Headroom* (no spill): fleetinfer's pick costs what stock's does (BenchmarkPick: the same bytes and, within 0.5%, objects allocated per pick; " +
-	"the same CPU within run-to-run noise). What remains is background: fleetinfer also follows 10 peers' streams (about 200 messages a second here), " +
-	"which competes with picks for the 2 cores.\n" +
+	"- *Headroom* (no spill): fleetinfer's pick allocates what stock's does (BenchmarkPick, with this benchmark's prompt and prefillPerToken: within 2% " +
+	"of the bytes and objects) and costs about 1.2× its CPU: the spill estimate over the local pods and the remote ones within reach, and the prefix record. " +
+	"Besides, fleetinfer follows 10 peers' streams (about 200 messages a second here), which competes with picks for the 2 cores.\n" +
 	"- *Saturated* (spill): a spilled pick hands GIE the 16 remote pods expected soonest, where stock GIE copies and scores all 100 saturated " +
 	"local pods. Choosing the 16 remote pods from 900 takes microseconds of CPU (BenchmarkRemote in epp/spill). Before candidates were bounded, " +
 	"a spilled pick scored 116 candidates and cost 1.2–1.25× stock's CPU.\n"
