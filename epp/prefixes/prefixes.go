@@ -11,10 +11,11 @@
 // for other clusters a Bloom filter of it (Summary), of fixed size, which a
 // remote picker matches a prompt's blocks against.
 //
-// Sizes, per pod: the record holds at most Capacity (1,024) blocks, 64
-// KiB or so with its bookkeeping, in the picker that owns the pod only; the
-// summary is SummaryBytes (1 KiB) in every picker of the fleet, 1 MiB per
-// 1,000 remote pods. With 1,024 blocks in 8,192 bits and 4 hash functions
+// Sizes, per pod: the record holds at most Capacity (1,024) blocks, about
+// 115 KiB with its bookkeeping (92 KiB without the per-block holder counts
+// that Held reads), in the picker that owns the pod only; the summary is
+// SummaryBytes (1 KiB) in every picker of the fleet, 1 MiB per 1,000
+// remote pods. With 1,024 blocks in 8,192 bits and 4 hash functions
 // a block the pod does not hold matches with probability about 2.4% (and a
 // run of matches stops at the first block that does not, so a prompt's
 // match is overstated by a block with about that probability).

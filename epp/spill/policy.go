@@ -225,14 +225,13 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			// This picker's own requests in flight to the pod only add to
 			// its load: look them up only for a pod within the bar without.
 			est := wait(e.Queue(), e.Running(), nil, poolRate) + cost + unheld
+			if !capped || est < beat {
+				if pm := m.lookup(e.Endpoint.GetMetadata().NamespacedName); pm != nil {
+					est = wait(e.Queue(), e.Running(), pm, poolRate) + cost + unheld
+				}
+			}
 			if capped && est >= beat {
 				continue
-			}
-			if pm := m.lookup(e.Endpoint.GetMetadata().NamespacedName); pm != nil {
-				est = wait(e.Queue(), e.Running(), pm, poolRate) + cost + unheld
-				if capped && est >= beat {
-					continue
-				}
 			}
 			top = insertBounded(top, ranked{e: e, est: est})
 		}
