@@ -127,6 +127,17 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
+// medianExchange is the median of n exchanges on c: one exchange can wait
+// for a CPU on a loaded machine, the median of several tells the link.
+func medianExchange(t *testing.T, c net.Conn, n int) time.Duration {
+	t.Helper()
+	ds := make([]time.Duration, 0, n)
+	for range n {
+		ds = append(ds, exchange(t, c))
+	}
+	return median(ds)
+}
+
 func within(t *testing.T, what string, got, want time.Duration, tol float64) {
 	t.Helper()
 	lo, hi := time.Duration(float64(want)*(1-tol)), time.Duration(float64(want)*(1+tol))
@@ -151,20 +162,12 @@ func TestExchangeThroughProxyPaysOneRTTAndANewConnectionTwo(t *testing.T) {
 			c := dial(t, p.Addr())
 			// The first exchange pays the handshake the kernel skipped.
 			within(t, "first exchange on a new connection", exchange(t, c), 2*tc.link.RTT, 0.2)
-			var ds []time.Duration
-			for range 10 {
-				ds = append(ds, exchange(t, c))
-			}
-			within(t, "median exchange", median(ds), tc.link.RTT+tc.link.Jitter/2, 0.2)
+			within(t, "median exchange", medianExchange(t, c, 10), tc.link.RTT+tc.link.Jitter/2, 0.2)
 		})
 	}
 	t.Run("direct", func(t *testing.T) {
 		c := dial(t, echoSrv.addr())
-		var ds []time.Duration
-		for range 10 {
-			ds = append(ds, exchange(t, c))
-		}
-		if m := median(ds); m > 5*time.Millisecond {
+		if m := medianExchange(t, c, 10); m > 5*time.Millisecond {
 			t.Errorf("median direct exchange = %s, want under 5ms", m)
 		} else {
 			t.Logf("median direct exchange = %s", m)
@@ -361,18 +364,11 @@ func TestSetLinkChangesTheRTTOfLaterExchanges(t *testing.T) {
 	p := listen(t, echoSrv.addr(), Link{RTT: 20 * time.Millisecond})
 	c := dial(t, p.Addr())
 	exchange(t, c)
-	measure := func() time.Duration {
-		var ds []time.Duration
-		for range 5 {
-			ds = append(ds, exchange(t, c))
-		}
-		return median(ds)
-	}
-	within(t, "median before SetLink", measure(), 20*time.Millisecond, 0.2)
+	within(t, "median before SetLink", medianExchange(t, c, 5), 20*time.Millisecond, 0.2)
 	if err := p.SetLink(Link{RTT: 60 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	within(t, "median after SetLink to 60ms", measure(), 60*time.Millisecond, 0.2)
+	within(t, "median after SetLink to 60ms", medianExchange(t, c, 5), 60*time.Millisecond, 0.2)
 	if err := p.SetLink(Link{RTT: -time.Millisecond}); err == nil {
 		t.Error("SetLink accepted a negative RTT")
 	}
