@@ -64,11 +64,12 @@ var errNoRoute = errors.New("no route")
 //
 // The client stands in the cluster the request enters. The fabric delays
 // connections by their source address, and the client's (127.0.0.1) is in
-// no cluster, so an attempt the router sends to another cluster (SkyServe's
-// load balancer to another gateway, the oracle to another cluster's pod)
-// first waits out the link's current round trip: what the request and its
-// first token would spend on the link. Requests that enter their own
-// gateway (cluster-local GIE, fleetinfer) cross, if at all, from gateway to
+// no cluster, so an attempt the router sends to another cluster first waits
+// out the links' current round trips on its way (detour): what the request
+// and its first token would spend on them. SkyServe's requests go to its
+// load balancer's region and from there to the gateway it picks; the
+// oracle's go straight to the pod. Requests that enter their own gateway
+// (cluster-local GIE, fleetinfer) cross, if at all, from gateway to
 // gateway, which the fabric delays itself.
 func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Time) (res result) {
 	res = result{At: a.At, Entry: a.Entry, Served: -1}
@@ -81,6 +82,9 @@ func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Tim
 		"stream": true, "ignore_eos": true, "stream_options": map[string]any{"include_usage": true}})
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	// from is where an attempt leaves: where the request entered, and for a
+	// retry the load balancer that retries it.
+	from := a.Entry
 	for res.Attempts < r.attempts() {
 		if res.Attempts > 0 {
 			select {
@@ -96,11 +100,14 @@ func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Tim
 			res.Err = errNoRoute.Error()
 			return res
 		}
-		if t.Cluster != a.Entry && c.rtt != nil {
+		if d := c.detour(from, t); d > 0 {
 			select {
-			case <-time.After(c.rtt(a.Entry, t.Cluster)):
+			case <-time.After(d):
 			case <-ctx.Done():
 			}
+		}
+		if t.via >= 0 {
+			from = t.via
 		}
 		retry, err := c.attempt(ctx, t, body, start, &res)
 		r.done(t)
@@ -113,6 +120,25 @@ func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Tim
 		}
 	}
 	return res
+}
+
+// detour is the round trips an attempt from cluster from to t spends on
+// links the fabric does not delay: to the load balancer it passes, if any,
+// and from there to t's cluster.
+func (c *loadClient) detour(from int, t target) time.Duration {
+	if c.rtt == nil {
+		return 0
+	}
+	hop := func(a, b int) time.Duration {
+		if a == b {
+			return 0
+		}
+		return c.rtt(a, b)
+	}
+	if t.via >= 0 {
+		return hop(from, t.via) + hop(t.via, t.Cluster)
+	}
+	return hop(from, t.Cluster)
 }
 
 // attempt sends one try; retry reports a connection error before any

@@ -397,7 +397,7 @@ func (r *results) write(dir string) error {
 
 var policyNotes = map[string]string{
 	"gie-local": "(a) GIE v1.5.0's stock EPP binary in each cluster, its default configuration, no federation: every request is served in the cluster it enters.",
-	"round-robin": "(b) SkyServe's load balancer with `RoundRobinPolicy` in front of the three gateways (every request passes it); " +
+	"round-robin": "(b) SkyServe's load balancer with `RoundRobinPolicy` in front of the three gateways (every request passes it, in one region: see below); " +
 		"each cluster's stock EPP picks the pod. Ready set refreshed every 20 s.",
 	"least-load": "(c) SkyServe's load balancer with `LeastLoadPolicy`, its default: the gateway with the fewest requests in flight " +
 		"as the load balancer itself counts them (dispatch to end of stream), ties to the first; each cluster's stock EPP picks the pod. Ready set refreshed every 20 s.",
@@ -426,8 +426,8 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "The clusters are apart: every connection between them crosses an emulated link (localfleet/wan, the default matrix: %s), "+
 			"pod networks are %s (no cluster reaches another's pod addresses) and fleetinfer's pickers federate in %s mode: a request that crosses goes "+
 			"from the entry cluster's gateway to the other cluster's, with signed marks, and pays the link. The load generator stands in the cluster a request "+
-			"enters; where a policy sends a request to another cluster from the client (SkyServe's load balancer to another gateway, the oracle to another "+
-			"cluster's pod), the client first waits out that link's current round trip, since the fabric does not delay the client's own connections. "+
+			"enters; where a policy's request travels to another cluster from the client (to SkyServe's load balancer, from it to another gateway, the oracle's "+
+			"to another cluster's pod), the client first waits out those links' current round trips, since the fabric does not delay the client's own connections. "+
 			"The one exception is hot-cluster-flat: the same workload as hot-cluster on flat pod networks (the fabric routes a connection to another "+
 			"cluster's pod address over the link), with fleetinfer's pickers in Endpoint mode, so that a crossing request goes from the entry cluster's "+
 			"gateway straight to the remote pod, without the other cluster's gateway and picker.\n\n",
@@ -452,7 +452,7 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "- **%s** %s\n", p, policyNotes[p])
 	}
 	b.WriteString("\n")
-	b.WriteString(skyServeNote)
+	fmt.Fprintf(&b, skyServeNote, r.Clusters[skyServeAt])
 	b.WriteString("\nfleetinfer's EPP configuration in every cluster:\n\n```yaml\n" + r.FleetEPPConfig + "```\n\n")
 	b.WriteString("Scenarios:\n\n| scenario | pods per cluster | --max-num-seqs | KV blocks per pod | arrivals per cluster | rate | prompts | repetitions |\n|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Scenarios {
@@ -650,7 +650,10 @@ func (*results) readLost(b *strings.Builder, get func(sc, pol string) summary) {
 }
 
 const skyServeNote = "SkyServe, as read in skypilot-org/skypilot `sky/serve/load_balancing_policies.py` (`LeastLoadPolicy`, registered with `default=True`; " +
-	"`RoundRobinPolicy`) and `sky/serve/load_balancer.py` / `constants.py`: the load balancer is the one entry every request passes; `LeastLoadPolicy` keeps `load_map`, " +
+	"`RoundRobinPolicy`) and `sky/serve/load_balancer.py` / `constants.py`: the load balancer is the one entry every request passes, a process in one region " +
+	"(the serve controller's; here %s's, where most of the hot scenarios' requests enter), so a request entering elsewhere travels there and back on top of any " +
+	"link from there to the gateway picked. SkyServe's `external_load_balancers` (one per region behind geo DNS) would spare that trip, each balancing by its own " +
+	"count of what it sent, blind to the others'; the single load balancer, SkyServe's default, is what runs here. `LeastLoadPolicy` keeps `load_map`, " +
 	"the requests in flight per replica as the load balancer counts them itself (`pre_execute_hook` +1 on dispatch, `post_execute_hook` −1 when the proxied stream ends), " +
 	"and picks `min(ready_replicas, key=load)`; the ready replicas come from the controller every `LB_CONTROLLER_SYNC_INTERVAL_SECONDS` = 20 s; a request is tried up to " +
 	"`LB_MAX_RETRY` = 3 times on connection errors, with a backoff from 1 s. A replica here is a whole cluster (its gateway and its own EPP). So SkyServe's load signal is " +

@@ -16,6 +16,9 @@ type target struct {
 	Cluster int
 	// pod indexes the oracle's pods; -1 otherwise.
 	pod int
+	// via is the cluster of a load balancer the attempt passes on its way
+	// to Cluster (SkyServe's); -1 when it goes there from where it entered.
+	via int
 }
 
 // router is a routing policy in front of the clusters: what the entry side
@@ -47,7 +50,7 @@ type entryRouter struct {
 }
 
 func (e *entryRouter) route(a arrival) (target, bool) {
-	return target{URL: e.gws[a.Entry], Host: e.host, Cluster: a.Entry, pod: -1}, true
+	return target{URL: e.gws[a.Entry], Host: e.host, Cluster: a.Entry, pod: -1, via: -1}, true
 }
 func (*entryRouter) done(target)               {}
 func (*entryRouter) attempts() int             { return 1 }
@@ -55,15 +58,19 @@ func (*entryRouter) backoff(int) time.Duration { return 0 }
 func (*entryRouter) lose(int)                  {}
 
 // SkyServe's load balancer, as in skypilot-org/skypilot sky/serve: one LB
-// that every request passes through, a policy over the "ready replicas"
+// that every request passes through, in one region (the serve controller's,
+// where the LB process runs), a policy over the "ready replicas"
 // (here: the clusters' gateways, each cluster's own EPP picking a pod), the
 // ready set refreshed from the controller every
 // LB_CONTROLLER_SYNC_INTERVAL_SECONDS (20 s), and up to LB_MAX_RETRY (3)
 // attempts on connection errors with a backoff starting at 1 s
 // (common_utils.Backoff, multiplier 1.6; its jitter left out).
 type skyServe struct {
-	gws   gateways
-	host  string
+	gws  gateways
+	host string
+	// at is the cluster whose region the load balancer runs in: a request
+	// entering elsewhere travels there first.
+	at    int
 	least bool // LeastLoadPolicy (default) rather than RoundRobinPolicy
 	rnd   *rand.Rand
 
@@ -83,8 +90,8 @@ const (
 	skyInitialBackoff = time.Second
 )
 
-func newSkyServe(gws gateways, host string, least bool, seed uint64) *skyServe {
-	return &skyServe{gws: gws, host: host, least: least, rnd: rand.New(rand.NewPCG(seed, 3)), load: map[int]int{}}
+func newSkyServe(gws gateways, host string, at int, least bool, seed uint64) *skyServe {
+	return &skyServe{gws: gws, host: host, at: at, least: least, rnd: rand.New(rand.NewPCG(seed, 3)), load: map[int]int{}}
 }
 
 // setReady is set_ready_replicas: nothing changes for the same set;
@@ -157,7 +164,7 @@ func (s *skyServe) route(arrival) (target, bool) {
 		c = s.ready[s.index]
 		s.index = (s.index + 1) % len(s.ready)
 	}
-	return target{URL: s.gws[c], Host: s.host, Cluster: c, pod: -1}, true
+	return target{URL: s.gws[c], Host: s.host, Cluster: c, pod: -1, via: s.at}, true
 }
 
 func (s *skyServe) done(t target) {
@@ -268,7 +275,7 @@ func (o *oracle) route(a arrival) (target, bool) {
 	if a.Prefix >= 0 {
 		p.prefixes[a.Prefix] = true
 	}
-	return target{URL: "http://" + p.addr, Cluster: p.cluster, pod: best}, true
+	return target{URL: "http://" + p.addr, Cluster: p.cluster, pod: best, via: -1}, true
 }
 
 // warm records that the pods of cluster c hold prefix.

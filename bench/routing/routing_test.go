@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"math"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -77,7 +79,7 @@ func TestPickShare(t *testing.T) {
 }
 
 func TestSkyServeLeastLoadCountsItsOwnRequestsInFlight(t *testing.T) {
-	s := newSkyServe(gateways{"a", "b", "c"}, "h", true, 1)
+	s := newSkyServe(gateways{"a", "b", "c"}, "h", 0, true, 1)
 	s.setReady([]int{0, 1, 2})
 	var got []int
 	var held []target
@@ -113,7 +115,7 @@ func TestSkyServeLeastLoadCountsItsOwnRequestsInFlight(t *testing.T) {
 }
 
 func TestSkyServeRoundRobinCyclesAShuffledReadySet(t *testing.T) {
-	s := newSkyServe(gateways{"a", "b", "c"}, "h", false, 1)
+	s := newSkyServe(gateways{"a", "b", "c"}, "h", 0, false, 1)
 	if _, ok := s.route(arrival{}); ok {
 		t.Fatal("routed with no ready replicas")
 	}
@@ -138,7 +140,7 @@ func TestSkyServeRoundRobinCyclesAShuffledReadySet(t *testing.T) {
 }
 
 func TestSkyServeRetriesThreeTimesWithGrowingBackoff(t *testing.T) {
-	s := newSkyServe(nil, "", true, 1)
+	s := newSkyServe(nil, "", 0, true, 1)
 	if s.attempts() != 3 || s.backoff(1) != time.Second || s.backoff(2) != 1600*time.Millisecond {
 		t.Fatalf("attempts %d, backoffs %v %v", s.attempts(), s.backoff(1), s.backoff(2))
 	}
@@ -355,5 +357,72 @@ func TestReadingExplainsOnlyTheScenariosThatRan(t *testing.T) {
 		if strings.Contains(got, absent) {
 			t.Errorf("%q for a scenario that did not run:\n%s", absent, got)
 		}
+	}
+}
+
+// An attempt waits out the links the fabric does not delay: SkyServe's
+// from where it entered to its load balancer's region and on to the
+// gateway it picked, the oracle's straight to the pod's cluster.
+func TestDetourIsTheRoundTripsOnTheWay(t *testing.T) {
+	ms := time.Millisecond
+	links := map[[2]int]time.Duration{{0, 1}: 31 * ms, {0, 2}: 19 * ms, {1, 2}: 34 * ms}
+	rtt := func(a, b int) time.Duration { return links[[2]int{min(a, b), max(a, b)}] }
+	c := &loadClient{rtt: rtt}
+	for _, tc := range []struct {
+		name         string
+		entry        int
+		cluster, via int
+		want         time.Duration
+	}{
+		{name: "served where it entered", entry: 1, cluster: 1, via: -1, want: 0},
+		{name: "straight to another cluster", entry: 1, cluster: 2, via: -1, want: 34 * ms},
+		{name: "through a load balancer where it entered", entry: 0, cluster: 2, via: 0, want: 19 * ms},
+		{name: "to a load balancer elsewhere and back", entry: 1, cluster: 1, via: 0, want: 62 * ms},
+		{name: "to a load balancer elsewhere and on to a third cluster", entry: 2, cluster: 1, via: 0, want: 50 * ms},
+		{name: "to a load balancer elsewhere, served where it stands", entry: 1, cluster: 0, via: 0, want: 31 * ms},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := c.detour(tc.entry, target{Cluster: tc.cluster, via: tc.via}); got != tc.want {
+				t.Fatalf("detour = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if got := (&loadClient{}).detour(1, target{Cluster: 2, via: 0}); got != 0 {
+		t.Fatalf("detour without links = %v, want 0", got)
+	}
+}
+
+// refusedRouter sends every attempt through a load balancer in cluster 0
+// to cluster 1's gateway, which refuses connections.
+type refusedRouter struct{ url string }
+
+func (r refusedRouter) route(arrival) (target, bool) {
+	return target{URL: r.url, Cluster: 1, pod: -1, via: 0}, true
+}
+func (refusedRouter) done(target)               {}
+func (refusedRouter) attempts() int             { return 3 }
+func (refusedRouter) backoff(int) time.Duration { return 0 }
+func (refusedRouter) lose(int)                  {}
+
+// A request reaches the load balancer once; its retries leave from there.
+func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	_ = ln.Close()
+	var asked [][2]int
+	c := newLoadClient(1, 5*time.Second, nil, func(a, b int) time.Duration {
+		asked = append(asked, [2]int{a, b})
+		return time.Millisecond
+	})
+	res := c.do(context.Background(), refusedRouter{url: url}, arrival{Entry: 1, Prefix: -1}, time.Now())
+	if res.ok() || res.Attempts != 3 {
+		t.Fatalf("result %+v, want 3 failed attempts", res)
+	}
+	want := [][2]int{{1, 0}, {0, 1}, {0, 1}, {0, 1}}
+	if !slices.Equal(asked, want) {
+		t.Fatalf("links waited out %v, want %v", asked, want)
 	}
 }
