@@ -110,14 +110,14 @@ bench: bench-epp bench-hub bench-routing ## Run the benchmarks; results in bench
 
 bench-epp: tools build images ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (100 pods); bench/results/epp.{json,md,svg}.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
-	go run ./bench/epp -out bench/results -stock-epp $(BIN)/gie-epp
+	go run ./bench/epp -out bench/results -stock-epp $(patsubst $(ROOT)/%,%,$(BIN)/gie-epp)
 
 bench-hub: tools build images ## Hub: apply → copy in every spoke for 100 services (vs direct creates) and failover time; bench/results/hub.{json,md,svg}.
 	go run ./bench/hub -out bench/results
 
 bench-routing: tools build images ## Routing: GIE local, SkyServe round-robin and least-load, fleetinfer, oracle over 8 scenarios on three clusters apart; bench/results/routing.{json,md} and routing-*.svg.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
-	go run ./bench/routing -out bench/results -stock-epp $(BIN)/gie-epp
+	go run ./bench/routing -out bench/results -stock-epp $(patsubst $(ROOT)/%,%,$(BIN)/gie-epp)
 
 demo: tools build images ## The local fleet demo: a KServe sample placed by the hub, skewed load without and with federation (DURATION=40s per phase, SPOKES=3); report in demo-report/.
 	$(BIN)/localfleet --load-duration $(DURATION) --spokes $(SPOKES) --report-dir demo-report
