@@ -10,12 +10,13 @@
 //	gie-local    GIE v1.5.0's stock EPP in each cluster, no federation: a request is served where it enters.
 //	round-robin  SkyServe's load balancer with RoundRobinPolicy over the clusters' gateways; each cluster's stock EPP picks.
 //	least-load   SkyServe's load balancer with LeastLoadPolicy (its default) over the gateways; each stock EPP picks.
-//	fleetinfer   fleetinfer's federated EPP in each cluster (Endpoint mode): local first, spilling to remote pods.
-//	oracle       exact requests in flight per pod, known in this process at once: the least loaded pod fleet-wide.
+//	fleetinfer   fleetinfer's federated EPP in each cluster (Parent mode; Endpoint mode on flat pod networks): a request crosses when a remote pod is expected sooner.
+//	oracle       exact requests in flight per pod, the links' round trips and where each prefix is cached, known in this process at once.
 //
 // Both pickers run in every cluster throughout (a second InferencePool over
 // the same pods for the stock EPP), so every policy shares the machine with
-// the same background scraping. See bench/results/routing.md.
+// the same background scraping; each run reports the CPU each part of the
+// lab used (cpu.go). See bench/results/routing.md.
 package main
 
 import (
@@ -185,6 +186,7 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
+	c.stock = stock
 	spokes := fleet.DefaultSpokes()
 	for i := range spokes {
 		spokes[i].SimulatorArgs = nil
@@ -296,8 +298,9 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, si int, sc scen
 			} else {
 				close(midDone)
 			}
-			began := time.Now()
+			began, cpu := time.Now(), startCPUMeter(c.stock)
 			out := cl.runLoad(runCtx, r, arrivals, c.maxInFlight, start)
+			used := cpu.use()
 			cancel()
 			<-midDone
 			if err := errors.Join(midErr, restore()); err != nil {
@@ -308,6 +311,7 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, si int, sc scen
 				return err
 			}
 			run := newRun(sc, pol, rep, out, c.duration, c.slo, time.Since(began))
+			run.CPU = used
 			if c.requests {
 				if err := writeRequests(filepath.Join(c.out, fmt.Sprintf("requests-%s-%s-%d.jsonl", sc.Name, pol, rep)), out); err != nil {
 					return err

@@ -93,6 +93,8 @@ type runResult struct {
 	// (the load generator itself starved of CPU).
 	LoadAverage  float64 `json:"load_average"`
 	MaxSendLagMs float64 `json:"max_send_lag_ms"`
+	// CPU is what the machine's cores did over the run (cpu.go).
+	CPU *cpuUse `json:"cpu,omitempty"`
 }
 
 // split is the TTFT of a part of a run's requests.
@@ -214,7 +216,9 @@ type summary struct {
 	// LoadAverage and SendLagMs are medians of the runs' figures.
 	LoadAverage float64 `json:"load_average"`
 	SendLagMs   float64 `json:"max_send_lag_ms"`
-	Runs        int     `json:"runs"`
+	// CPU holds the medians of the runs' figures.
+	CPU  *cpuUse `json:"cpu,omitempty"`
+	Runs int     `json:"runs"`
 }
 
 // bar is one of the issue's bars and whether this run met it.
@@ -261,6 +265,7 @@ func (r *results) summarize() {
 			ForwardedTwice: twice, LoadAverage: stats.Median(load), SendLagMs: stats.Median(lag), Runs: len(groups[k])}
 		s.Local = medianSplit(groups[k], func(r runResult) split { return r.Local })
 		s.Across = medianSplit(groups[k], func(r runResult) split { return r.Across })
+		s.CPU = medianCPU(groups[k])
 		if len(age) > 0 {
 			m := stats.Median(age)
 			s.RemoteAgeP99Ms = &m
@@ -492,6 +497,7 @@ func (r *results) markdown() string {
 		b.WriteString("\n")
 	}
 	b.WriteString(r.splitTable())
+	b.WriteString(r.cpuTable())
 	if len(r.Bars) > 0 {
 		b.WriteString("## The issue's bars\n\nJudged on the medians above.\n\n| scenario | bar | fleetinfer | met |\n|---|---|---|---|\n")
 		for _, x := range r.Bars {
@@ -518,6 +524,33 @@ func (r *results) markdown() string {
 			strings.Join(kinds, ", "), x.P50Ms, x.P90Ms, x.P99Ms, join(x.Served), x.WallS, x.LoadAverage, x.MaxSendLagMs)
 	}
 	return b.String()
+}
+
+// cpuTable sets, per scenario and policy, how busy the machine's cores
+// were during the runs and what each part of the lab used of them.
+func (r *results) cpuTable() string {
+	var b strings.Builder
+	b.WriteString("## CPU during the runs\n\nThe machine's cores busy (all of them: 100% is every core saturated) over each run, from the first arrival to the last response, " +
+		"and the cores each part of the lab used on average (process CPU time from /proc over the run's wall time; medians over the runs). The bench process holds the " +
+		"load generator, SkyServe's load balancer, the gateways, the kubelets and the emulated links. Both pickers scrape their pods in every run, whichever policy runs. " +
+		"Three clusters share these cores, where a real fleet gives each its own machines: when they are saturated, every pass through a gateway or picker waits for one.\n\n" +
+		"| scenario | policy | machine busy | " + strings.Join(cpuParts, " | ") + " |\n|---|---|---|" + strings.Repeat("---|", len(cpuParts)) + "\n")
+	rows := 0
+	for _, m := range r.Summary {
+		if m.CPU == nil {
+			continue
+		}
+		rows++
+		fmt.Fprintf(&b, "| %s | %s | %.0f%% |", m.Scenario, m.Policy, 100*m.CPU.MachineBusy)
+		for _, p := range cpuParts {
+			fmt.Fprintf(&b, " %.2f |", m.CPU.Cores[p])
+		}
+		b.WriteString("\n")
+	}
+	if rows == 0 {
+		return ""
+	}
+	return b.String() + "\n"
 }
 
 // splitTable sets, per scenario and policy, the requests served where they
@@ -596,10 +629,16 @@ func (*results) readHotCluster(b *strings.Builder, get func(sc, pol string) summ
 		"%.0f (least-load) and %.0f (oracle). Every crossing pays its link's round trip (19–34 ms here) on top of an extra gateway and picker. "+
 		"Where the time goes (the table above): requests served where they entered took p50 %.0f ms under fleetinfer, %.0f under least-load and %.0f "+
 		"under the oracle, which passes no gateway or picker; requests served across took p50 %.0f ms (p99 %.0f) under fleetinfer against %.0f (p99 %.0f) "+
-		"under least-load, whose crossings pass one gateway and picker, and %.0f (p99 %.0f) under the oracle.\n\n",
+		"under least-load, whose crossings pass one gateway and picker, and %.0f (p99 %.0f) under the oracle.",
 		100*hotF.CrossShare, 100*hotRR.CrossShare, 100*hotLL.CrossShare, 100*hotO.CrossShare, hotF.P99Ms, hotRR.P99Ms, hotLL.P99Ms, hotO.P99Ms,
 		hotF.Local.P50Ms, hotLL.Local.P50Ms, hotO.Local.P50Ms, hotF.Across.P50Ms, hotF.Across.P99Ms, hotLL.Across.P50Ms, hotLL.Across.P99Ms,
 		hotO.Across.P50Ms, hotO.Across.P99Ms)
+	if hotF.CPU != nil && hotLL.CPU != nil {
+		fmt.Fprintf(b, " The machine's cores were %.0f%% busy over fleetinfer's runs and %.0f%% over least-load's; fleetinfer's pickers used %.2f cores "+
+			"in its runs, the stock pickers %.2f in least-load's (CPU table above).", 100*hotF.CPU.MachineBusy, 100*hotLL.CPU.MachineBusy,
+			hotF.CPU.Cores[partFleetPickers], hotLL.CPU.Cores[partStockPickers])
+	}
+	b.WriteString("\n\n")
 }
 
 func (*results) readFlat(b *strings.Builder, get func(sc, pol string) summary) {

@@ -5,6 +5,7 @@ package host
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -97,4 +98,87 @@ func (c CPU) BusySince(earlier CPU) float64 {
 		return 0
 	}
 	return float64(c.busy-earlier.busy) / float64(c.total-earlier.total)
+}
+
+// Processes is a reading of every process's CPU time, by process ID.
+type Processes map[int]Process
+
+// Process is one process's command line and the CPU time it had used
+// (user and system) when read.
+type Process struct {
+	Cmdline []string
+	CPU     time.Duration
+}
+
+// clockTick is the unit of /proc/<pid>/stat's CPU times: USER_HZ, 100 on
+// every Linux architecture Go runs on.
+const clockTick = 10 * time.Millisecond
+
+// ReadProcesses reads every process's CPU time from /proc; empty where
+// there is no /proc. A process that ends while it is read is left out.
+func ReadProcesses() Processes {
+	out := Processes{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		cpu, ok := parseStatCPU(string(stat))
+		if !ok {
+			continue
+		}
+		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		out[pid] = Process{Cmdline: strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00"), CPU: cpu}
+	}
+	return out
+}
+
+// parseStatCPU is utime + stime of a /proc/<pid>/stat line. The command
+// name in parentheses may hold spaces and parentheses itself, so fields
+// count from the last ')'.
+func parseStatCPU(stat string) (time.Duration, bool) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, false
+	}
+	// After the name: state(3) ppid(4) ... utime(14) stime(15).
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(utime+stime) * clockTick, true
+}
+
+// UsedSince is the CPU time each process in p used since earlier: all of
+// it for a process that started since. Processes that ended in between are
+// not in p, so what they used is not counted.
+func (p Processes) UsedSince(earlier Processes) map[int]time.Duration {
+	out := make(map[int]time.Duration, len(p))
+	for pid, now := range p {
+		before, ok := earlier[pid]
+		if ok && !slices.Equal(before.Cmdline, now.Cmdline) {
+			ok = false // the ID was reused
+		}
+		if !ok {
+			out[pid] = now.CPU
+			continue
+		}
+		if now.CPU > before.CPU {
+			out[pid] = now.CPU - before.CPU
+		}
+	}
+	return out
 }
