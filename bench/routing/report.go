@@ -740,5 +740,9 @@ func writeRequests(path string, out []result) error {
 		}
 		b.Write(append(line, '\n'))
 	}
+	// The first run's requests come before any results are written.
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
 	return os.WriteFile(path, b.Bytes(), 0o644)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -424,5 +426,16 @@ func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
 	want := [][2]int{{1, 0}, {0, 1}, {0, 1}, {0, 1}}
 	if !slices.Equal(asked, want) {
 		t.Fatalf("links waited out %v, want %v", asked, want)
+	}
+}
+
+func TestRequestsAreWrittenBeforeTheResultsDirectoryExists(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "not-yet", "requests-hot-cluster-fleetinfer-0.jsonl")
+	if err := writeRequests(path, []result{{Entry: 0, Served: 1, TTFT: 80 * time.Millisecond}}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || !strings.Contains(string(b), `"ttft_ms":80`) {
+		t.Fatalf("requests file: %q, %v", b, err)
 	}
 }
