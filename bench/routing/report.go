@@ -529,26 +529,24 @@ func (r *results) markdown() string {
 // cpuTable sets, per scenario and policy, how busy the machine's cores
 // were during the runs and what each part of the lab used of them.
 func (r *results) cpuTable() string {
+	if !slices.ContainsFunc(r.Summary, func(m summary) bool { return m.CPU != nil }) {
+		return ""
+	}
 	var b strings.Builder
 	b.WriteString("## CPU during the runs\n\nThe machine's cores busy (all of them: 100% is every core saturated) over each run, from the first arrival to the last response, " +
 		"and the cores each part of the lab used on average (process CPU time from /proc over the run's wall time; medians over the runs). The bench process holds the " +
 		"load generator, SkyServe's load balancer, the gateways, the kubelets and the emulated links. Both pickers scrape their pods in every run, whichever policy runs. " +
 		"Three clusters share these cores, where a real fleet gives each its own machines: when they are saturated, every pass through a gateway or picker waits for one.\n\n" +
 		"| scenario | policy | machine busy | " + strings.Join(cpuParts, " | ") + " |\n|---|---|---|" + strings.Repeat("---|", len(cpuParts)) + "\n")
-	rows := 0
 	for _, m := range r.Summary {
 		if m.CPU == nil {
 			continue
 		}
-		rows++
 		fmt.Fprintf(&b, "| %s | %s | %.0f%% |", m.Scenario, m.Policy, 100*m.CPU.MachineBusy)
 		for _, p := range cpuParts {
 			fmt.Fprintf(&b, " %.2f |", m.CPU.Cores[p])
 		}
 		b.WriteString("\n")
-	}
-	if rows == 0 {
-		return ""
 	}
 	return b.String() + "\n"
 }
