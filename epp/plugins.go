@@ -4,20 +4,24 @@ import (
 	"fmt"
 
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
 
 	"github.com/fleetinfer/fleetinfer/epp/plugins/crosscluster"
 	"github.com/fleetinfer/fleetinfer/epp/plugins/inflight"
+	"github.com/fleetinfer/fleetinfer/epp/plugins/metricsource"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
 // registerPlugins registers fleetinfer's plugin types; the runner does so
 // after GIE's in-tree ones (gierunner.RegisterInTreePlugins). The
+// metrics-data-source replaces GIE's (package metricsource). The
 // cross-cluster-filter's factory records the spill policy it builds in
 // policy, for the candidate lookup.
 func registerPlugins(policy *spillPolicy) {
 	fwkplugin.Register(crosscluster.FilterType, crosscluster.NewFilterFactory(policy.record))
 	fwkplugin.Register(crosscluster.ScorerType, crosscluster.ScorerFactory)
 	fwkplugin.Register(inflight.ScorerType, inflight.ScorerFactory)
+	fwkplugin.Register(sourcemetrics.MetricsDataSourceType, metricsource.Factory)
 }
 
 // spillPolicy is the spill policy of the configuration's

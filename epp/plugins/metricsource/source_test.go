@@ -1,0 +1,193 @@
+package metricsource
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/protobuf/proto"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	sourcehttp "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/http"
+	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
+)
+
+// simPage is llm-d-inference-sim v0.10.2's /metrics page after one
+// completion: gauges, counters and 11 histograms.
+const simPage = "testdata/sim-v0.10.2.txt"
+
+func fullParse(t testing.TB, page []byte) map[string]*dto.MetricFamily {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return families
+}
+
+func TestParseReadsEveryGaugeAndCounterOfAModelServerPageAsGIEsParserDoes(t *testing.T) {
+	page, err := os.ReadFile(simPage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := fullParse(t, page)
+	got, err := Parse(bytes.NewReader(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lean := got.(sourcemetrics.PrometheusMetricMap)
+	var kept, dropped []string
+	for name, mf := range full {
+		switch mf.GetType() {
+		case dto.MetricType_HISTOGRAM, dto.MetricType_SUMMARY:
+			dropped = append(dropped, name)
+			if _, ok := lean[name]; ok {
+				t.Errorf("histogram %s was parsed", name)
+			}
+		default:
+			kept = append(kept, name)
+			if !proto.Equal(mf, lean[name]) {
+				t.Errorf("%s: parsed as %v, GIE's parser reads %v", name, lean[name], mf)
+			}
+		}
+	}
+	for _, want := range []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+		"vllm:lora_requests_info", "vllm:cache_config_info"} {
+		if !slices.Contains(kept, want) {
+			t.Errorf("the page has no gauge %s: the test reads the wrong page", want)
+		}
+	}
+	if len(lean) != len(kept) || len(dropped) == 0 {
+		t.Errorf("parsed %d families, want the page's %d gauges and counters and none of its %d histograms", len(lean), len(kept), len(dropped))
+	}
+}
+
+func TestWithoutDistributions(t *testing.T) {
+	for _, tc := range []struct {
+		name, page, want string
+	}{{
+		name: "a histogram goes with its help line, a gauge after it stays",
+		page: "# HELP a_seconds Latency.\n# TYPE a_seconds histogram\na_seconds_bucket{le=\"1\"} 1\na_seconds_bucket{le=\"+Inf\"} 1\na_seconds_sum 0.5\na_seconds_count 1\n" +
+			"# HELP queue Waiting.\n# TYPE queue gauge\nqueue 3\n",
+		want: "# HELP queue Waiting.\n# TYPE queue gauge\nqueue 3\n",
+	}, {
+		name: "a summary goes, quantiles and all",
+		page: "# TYPE s summary\ns{quantile=\"0.5\"} 1\ns_sum 2\ns_count 3\ns_created 4\n# TYPE c counter\nc_total 7\n",
+		want: "# TYPE c counter\nc_total 7\n",
+	}, {
+		name: "a gauge named like a histogram's bucket is another family",
+		page: "# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\nh_count 1\n# TYPE h_bucket_size gauge\nh_bucket_size 16\n",
+		want: "# TYPE h_bucket_size gauge\nh_bucket_size 16\n",
+	}, {
+		name: "samples without a type line stay, whatever their names",
+		page: "x_bucket{le=\"1\"} 1\nx_sum 1\n",
+		want: "x_bucket{le=\"1\"} 1\nx_sum 1\n",
+	}, {
+		name: "a help line without a type line stays",
+		page: "# HELP u Untyped.\nu 1\n# HELP last Nothing after it.",
+		want: "# HELP u Untyped.\nu 1\n# HELP last Nothing after it.\n",
+	}, {
+		name: "comments, blank lines and indented samples stay",
+		page: "# a comment\n\n  # TYPE g gauge\n  g 1\n",
+		want: "# a comment\n\n  # TYPE g gauge\n  g 1\n",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := string(withoutDistributions([]byte(tc.page))); got != tc.want {
+				t.Errorf("got\n%s\nwant\n%s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseRejectsWhatGIEsParserRejects(t *testing.T) {
+	for name, page := range map[string]string{
+		"a sample with no value":       "# TYPE g gauge\ng\n",
+		"a label value left open":      "# TYPE g gauge\ng{a=\"1} 1\n",
+		"a value that is not a number": "g one\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			parser := expfmt.NewTextParser(model.LegacyValidation)
+			if _, err := parser.TextToMetricFamilies(strings.NewReader(page)); err == nil {
+				t.Fatal("GIE's parser accepts the page: the case tests nothing")
+			}
+			if _, err := Parse(strings.NewReader(page)); err == nil {
+				t.Error("parsed without an error")
+			}
+		})
+	}
+}
+
+func TestParseRefusesAPageLargerThanTheBound(t *testing.T) {
+	line := "# TYPE g gauge\n"
+	page := line + strings.Repeat("# filler comment\n", MaxPage/17+1)
+	if _, err := Parse(strings.NewReader(page)); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("a %d-byte page: %v, want an error naming the bound", len(page), err)
+	}
+}
+
+func TestFactoryScrapesThePathItsParametersName(t *testing.T) {
+	page, err := os.ReadFile(simPage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/custom/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write(page)
+	}))
+	defer srv.Close()
+	plugin, err := Factory("scrape", json.RawMessage(`{"path":"/custom/metrics"}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := plugin.(*sourcehttp.HTTPDataSource)
+	if got := src.TypedName(); got.Type != sourcemetrics.MetricsDataSourceType || got.Name != "scrape" {
+		t.Errorf("typed name %+v, want GIE's type named scrape", got)
+	}
+	ep := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{MetricsHost: strings.TrimPrefix(srv.URL, "http://")}, nil)
+	got, err := src.Poll(context.Background(), ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	families := got.(sourcemetrics.PrometheusMetricMap)
+	if v := families["vllm:num_requests_waiting"].GetMetric()[0].GetGauge().GetValue(); v != 0 {
+		t.Errorf("waiting requests %v, want the page's 0", v)
+	}
+	if _, err := Factory("bad", json.RawMessage(`{"scheme":"ftp"}`), nil); err == nil {
+		t.Error("scheme ftp accepted")
+	}
+}
+
+// BenchmarkParse compares a scrape's parse with GIE's (every family) on a
+// model server's page.
+func BenchmarkParse(b *testing.B) {
+	page, err := os.ReadFile(simPage)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("gie", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			fullParse(b, page)
+		}
+	})
+	b.Run("fleetinfer", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := Parse(bytes.NewReader(page)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
