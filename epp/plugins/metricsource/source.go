@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -83,22 +84,40 @@ func flagValue(name string) (string, bool) {
 // Parse reads a Prometheus text page into its gauge, counter and untyped
 // families, as GIE's parser would read them (a sourcemetrics.PrometheusMetricMap).
 func Parse(r io.Reader) (any, error) {
-	page, err := io.ReadAll(io.LimitReader(r, MaxPage+1))
-	if err != nil {
+	buf := pages.Get().(*bytes.Buffer)
+	defer func() {
+		// A page that came near the bound is not worth keeping around.
+		if buf.Cap() <= pooledPage {
+			buf.Reset()
+			pages.Put(buf)
+		}
+	}()
+	if _, err := buf.ReadFrom(io.LimitReader(r, MaxPage+1)); err != nil {
 		return nil, err
 	}
-	if len(page) > MaxPage {
+	if buf.Len() > MaxPage {
 		return nil, fmt.Errorf("metrics page larger than %d bytes", MaxPage)
 	}
+	// The parser copies what it keeps: the page's buffer can be reused.
 	parser := expfmt.NewTextParser(model.LegacyValidation)
-	return parser.TextToMetricFamilies(bytes.NewReader(withoutDistributions(page)))
+	return parser.TextToMetricFamilies(bytes.NewReader(withoutDistributions(buf.Bytes())))
 }
+
+// pages are the buffers scrapes read pages into, each scrape of each pod
+// 20 times a second: kept while at most pooledPage.
+var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const pooledPage = 1 << 20
 
 // withoutDistributions returns page's lines but those of its histogram,
 // gauge-histogram and summary families. The text format groups a family's
 // lines: its # HELP and # TYPE lines, then its samples, named after it
 // (with _bucket, _sum, _count or _created for a distribution).
 func withoutDistributions(page []byte) []byte {
+	// A page with no distribution is parsed as it is.
+	if !bytes.Contains(page, []byte("histogram")) && !bytes.Contains(page, []byte("summary")) {
+		return page
+	}
 	out := make([]byte, 0, len(page)/4)
 	var (
 		dropping []byte // the family whose samples are being left out

@@ -92,13 +92,13 @@ func TestWithoutDistributions(t *testing.T) {
 		page: "x_bucket{le=\"1\"} 1\nx_sum 1\n",
 		want: "x_bucket{le=\"1\"} 1\nx_sum 1\n",
 	}, {
-		name: "a help line without a type line stays",
+		name: "a page without distributions stays as it is",
 		page: "# HELP u Untyped.\nu 1\n# HELP last Nothing after it.",
-		want: "# HELP u Untyped.\nu 1\n# HELP last Nothing after it.\n",
+		want: "# HELP u Untyped.\nu 1\n# HELP last Nothing after it.",
 	}, {
-		name: "comments, blank lines and indented samples stay",
-		page: "# a comment\n\n  # TYPE g gauge\n  g 1\n",
-		want: "# a comment\n\n  # TYPE g gauge\n  g 1\n",
+		name: "comments, blank lines, indented lines and a help line without a type line stay",
+		page: "# TYPE h histogram\nh_count 1\n# a comment\n\n  # TYPE g gauge\n  g 1\n# HELP last Nothing after it.",
+		want: "# a comment\n\n  # TYPE g gauge\n  g 1\n# HELP last Nothing after it.\n",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := string(withoutDistributions([]byte(tc.page))); got != tc.want {
@@ -170,24 +170,27 @@ func TestFactoryScrapesThePathItsParametersName(t *testing.T) {
 }
 
 // BenchmarkParse compares a scrape's parse with GIE's (every family) on a
-// model server's page.
+// model server's page, and on the same page without its distributions,
+// where there is nothing to leave out.
 func BenchmarkParse(b *testing.B) {
-	page, err := os.ReadFile(simPage)
+	sim, err := os.ReadFile(simPage)
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Run("gie", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			fullParse(b, page)
-		}
-	})
-	b.Run("fleetinfer", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := Parse(bytes.NewReader(page)); err != nil {
-				b.Fatal(err)
+	for name, page := range map[string][]byte{"simulator": sim, "gauges-and-counters": withoutDistributions(sim)} {
+		b.Run(name+"/gie", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				fullParse(b, page)
 			}
-		}
-	})
+		})
+		b.Run(name+"/fleetinfer", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse(bytes.NewReader(page)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
