@@ -151,6 +151,7 @@ fuzz: ## Run each fuzz test for FUZZTIME (default 2000 inputs) on top of its com
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzMessageSequence$$' -fuzztime $(FUZZTIME)
 	go test ./epp -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime $(FUZZTIME)
 	go test ./epp -run '^$$' -fuzz '^FuzzRequestHeaders$$' -fuzztime $(FUZZTIME)
+	go test ./epp/plugins/metricsource -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
 	go test ./apis/fleet/v1alpha1 -run '^$$' -fuzz '^FuzzParsePeerDirectory$$' -fuzztime $(FUZZTIME)
 	go test ./spoke/llmisvc -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME)
 

@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"sync"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/spf13/pflag"
@@ -99,8 +100,20 @@ func Parse(r io.Reader) (any, error) {
 		return nil, fmt.Errorf("metrics page larger than %d bytes", MaxPage)
 	}
 	// The parser copies what it keeps: the page's buffer can be reused.
+	return parseText(withoutDistributions(buf.Bytes()))
+}
+
+// parseText parses a text page. The text format's parser (prometheus/common
+// v0.67.5) panics on some malformed pages, "{}0" among them; a model
+// server's page is input, so that is an error here.
+func parseText(page []byte) (families map[string]*dto.MetricFamily, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			families, err = nil, fmt.Errorf("malformed metrics page: the text parser failed: %v", r)
+		}
+	}()
 	parser := expfmt.NewTextParser(model.LegacyValidation)
-	return parser.TextToMetricFamilies(bytes.NewReader(withoutDistributions(buf.Bytes())))
+	return parser.TextToMetricFamilies(bytes.NewReader(page))
 }
 
 // pages are the buffers scrapes read pages into, each scrape of each pod
@@ -110,58 +123,122 @@ var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 const pooledPage = 1 << 20
 
 // withoutDistributions returns page's lines but those of its histogram,
-// gauge-histogram and summary families. The text format groups a family's
-// lines: its # HELP and # TYPE lines, then its samples, named after it
-// (with _bucket, _sum, _count or _created for a distribution).
+// gauge-histogram and summary families; page itself when it declares none.
+// A sample goes with the family the text format's parser would give it: the
+// family of its own name when one exists, else the summary or histogram its
+// name ends a _count, _sum (or, for a histogram, _bucket) of. A page with
+// quoted (UTF-8) names is left whole.
 func withoutDistributions(page []byte) []byte {
-	// A page with no distribution is parsed as it is.
-	if !bytes.Contains(page, []byte("histogram")) && !bytes.Contains(page, []byte("summary")) {
+	distributions := declaredDistributions(page)
+	if len(distributions) == 0 {
 		return page
 	}
 	out := make([]byte, 0, len(page)/4)
-	var (
-		dropping []byte // the family whose samples are being left out
-		help     []byte // a # HELP line held until the line after it shows its family's type
-	)
-	keep := func(line []byte) {
-		out = append(out, help...)
-		help = nil
-		out = append(out, line...)
-		out = append(out, '\n')
-	}
+	kinds := map[string]kind{} // the families seen so far
 	for len(page) > 0 {
 		var line []byte
 		line, page, _ = bytes.Cut(page, []byte{'\n'})
 		trimmed := bytes.TrimLeft(line, " \t")
-		switch {
-		case bytes.HasPrefix(trimmed, []byte("#")):
-			f := bytes.Fields(trimmed)
-			switch {
-			case len(f) >= 3 && string(f[0]) == "#" && string(f[1]) == "HELP":
-				dropping = nil
-				out = append(out, help...)
-				help = append(append([]byte(nil), line...), '\n')
-			case len(f) >= 4 && string(f[0]) == "#" && string(f[1]) == "TYPE" && distribution(f[3]):
-				dropping, help = f[2], nil
-			default:
-				dropping = nil
-				keep(line)
+		if comment, ok := bytes.CutPrefix(trimmed, []byte("#")); ok {
+			keyword, name, typ := words(comment)
+			switch string(keyword) {
+			case "HELP":
+				if _, ok := kinds[string(name)]; !ok {
+					kinds[string(name)] = other
+				}
+				if distributions[string(name)] {
+					continue
+				}
+			case "TYPE":
+				if k := kindOf(typ); k != other {
+					kinds[string(name)] = k
+					continue
+				}
+				kinds[string(name)] = other
 			}
-		case dropping != nil && partOf(sampleName(trimmed), dropping):
-		default:
-			dropping = nil
-			keep(line)
+		} else if len(trimmed) > 0 {
+			name := sampleName(trimmed)
+			if k, ok := kinds[string(name)]; ok {
+				if k != other {
+					continue
+				}
+			} else if k := kinds[string(familyOf(name))]; k == summary && !bytes.HasSuffix(name, []byte("_bucket")) || k == histogram {
+				continue
+			} else {
+				kinds[string(name)] = other
+			}
 		}
+		out = append(out, line...)
+		out = append(out, '\n')
 	}
-	return append(out, help...)
+	return out
 }
 
-func distribution(typ []byte) bool {
-	switch string(typ) {
-	case "histogram", "gaugehistogram", "summary":
-		return true
+// kind is what the filter needs of a family's type.
+type kind uint8
+
+const (
+	other kind = iota
+	summary
+	histogram // or gauge histogram
+)
+
+// kindOf reads a # TYPE line's type as the text format's parser does, in
+// any case.
+func kindOf(typ []byte) kind {
+	switch {
+	case bytes.EqualFold(typ, []byte("summary")):
+		return summary
+	case bytes.EqualFold(typ, []byte("histogram")), bytes.EqualFold(typ, []byte("gauge_histogram")):
+		return histogram
 	}
-	return false
+	return other
+}
+
+// declaredDistributions are the families page's # TYPE lines declare
+// distributions; none when a line names a family in quotes.
+func declaredDistributions(page []byte) map[string]bool {
+	var out map[string]bool
+	for len(page) > 0 {
+		var line []byte
+		line, page, _ = bytes.Cut(page, []byte{'\n'})
+		trimmed := bytes.TrimLeft(line, " \t")
+		if bytes.HasPrefix(trimmed, []byte("{")) {
+			return nil
+		}
+		comment, ok := bytes.CutPrefix(trimmed, []byte("#"))
+		if !ok {
+			continue
+		}
+		keyword, name, typ := words(comment)
+		if (string(keyword) == "TYPE" || string(keyword) == "HELP") && bytes.HasPrefix(name, []byte(`"`)) {
+			return nil
+		}
+		if string(keyword) == "TYPE" && kindOf(typ) != other {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[string(name)] = true
+		}
+	}
+	return out
+}
+
+// words returns the first three words of a comment line after its #,
+// separated by spaces or tabs, as the text format's parser reads them:
+// "HELP"/"TYPE", the family's name and (for TYPE) its type.
+func words(comment []byte) (first, second, third []byte) {
+	word := func() []byte {
+		comment = bytes.TrimLeft(comment, " \t")
+		i := bytes.IndexAny(comment, " \t")
+		if i < 0 {
+			i = len(comment)
+		}
+		w := comment[:i]
+		comment = comment[i:]
+		return w
+	}
+	return word(), word(), word()
 }
 
 // sampleName is the metric name a sample line starts with.
@@ -172,16 +249,13 @@ func sampleName(line []byte) []byte {
 	return line
 }
 
-// partOf reports whether a sample named name belongs to the distribution
-// family named family.
-func partOf(name, family []byte) bool {
-	suffix, ok := bytes.CutPrefix(name, family)
-	if !ok {
-		return false
+// familyOf is the summary or histogram a sample named name would belong
+// to by its suffix: name less _count, _sum or _bucket; name without one.
+func familyOf(name []byte) []byte {
+	for _, suffix := range []string{"_count", "_sum", "_bucket"} {
+		if base, ok := bytes.CutSuffix(name, []byte(suffix)); ok {
+			return base
+		}
 	}
-	switch string(suffix) {
-	case "", "_bucket", "_sum", "_count", "_created", "_gsum", "_gcount":
-		return true
-	}
-	return false
+	return name
 }

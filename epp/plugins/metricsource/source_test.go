@@ -80,9 +80,17 @@ func TestWithoutDistributions(t *testing.T) {
 			"# HELP queue Waiting.\n# TYPE queue gauge\nqueue 3\n",
 		want: "# HELP queue Waiting.\n# TYPE queue gauge\nqueue 3\n",
 	}, {
-		name: "a summary goes, quantiles and all",
-		page: "# TYPE s summary\ns{quantile=\"0.5\"} 1\ns_sum 2\ns_count 3\ns_created 4\n# TYPE c counter\nc_total 7\n",
-		want: "# TYPE c counter\nc_total 7\n",
+		name: "a summary goes, quantiles, sum and count; its _created and _bucket are families of their own, as the parser reads them",
+		page: "# TYPE s summary\ns{quantile=\"0.5\"} 1\ns_sum 2\ns_count 3\ns_created 4\ns_bucket 5\n# TYPE c counter\nc_total 7\n",
+		want: "s_created 4\ns_bucket 5\n# TYPE c counter\nc_total 7\n",
+	}, {
+		name: "a type line in upper case, without a space after #, and a histogram's samples after another family's",
+		page: "#TYPE h HISTOGRAM\nh_bucket{le=\"+Inf\"} 1\n# TYPE g gauge\ng 1\nh_count 1\nh_sum 0.5\n",
+		want: "# TYPE g gauge\ng 1\n",
+	}, {
+		name: "a page with quoted names stays whole",
+		page: "# TYPE h histogram\nh_count 1\n{\"g.x\"} 1\n",
+		want: "# TYPE h histogram\nh_count 1\n{\"g.x\"} 1\n",
 	}, {
 		name: "a gauge named like a histogram's bucket is another family",
 		page: "# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\nh_count 1\n# TYPE h_bucket_size gauge\nh_bucket_size 16\n",
@@ -123,6 +131,22 @@ func TestParseRejectsWhatGIEsParserRejects(t *testing.T) {
 				t.Error("parsed without an error")
 			}
 		})
+	}
+}
+
+func TestParseReturnsAnErrorWhereTheTextParserPanics(t *testing.T) {
+	page := "#0000000\n{}0"
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the text parser reads the page without a panic: the case tests nothing")
+			}
+		}()
+		parser := expfmt.NewTextParser(model.LegacyValidation)
+		_, _ = parser.TextToMetricFamilies(strings.NewReader(page))
+	}()
+	if _, err := Parse(strings.NewReader(page)); err == nil || !strings.Contains(err.Error(), "malformed") {
+		t.Errorf("Parse: %v, want a malformed-page error", err)
 	}
 }
 
@@ -167,6 +191,46 @@ func TestFactoryScrapesThePathItsParametersName(t *testing.T) {
 	if _, err := Factory("bad", json.RawMessage(`{"scheme":"ftp"}`), nil); err == nil {
 		t.Error("scheme ftp accepted")
 	}
+}
+
+// FuzzParse: on any page GIE's parser reads, Parse returns what it returns
+// but its distributions.
+func FuzzParse(f *testing.F) {
+	sim, err := os.ReadFile(simPage)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(sim)
+	f.Add([]byte("# HELP s x\n# TYPE s summary\ns{quantile=\"0.5\"} 1\ns_sum 2\ns_count 3\n# TYPE c counter\nc_total 7\n"))
+	f.Add([]byte("#TYPE h HISTOGRAM\nh_bucket{le=\"+Inf\"} 1\n# TYPE g gauge\ng 1\nh_count 1\n"))
+	f.Fuzz(func(t *testing.T, page []byte) {
+		got, err := Parse(bytes.NewReader(page))
+		full, fullErr := parseText(page)
+		if fullErr != nil {
+			return
+		}
+		if err != nil {
+			t.Fatalf("GIE's parser reads the page, Parse fails: %v", err)
+		}
+		lean := got.(sourcemetrics.PrometheusMetricMap)
+		for name, mf := range full {
+			switch mf.GetType() {
+			case dto.MetricType_HISTOGRAM, dto.MetricType_GAUGE_HISTOGRAM, dto.MetricType_SUMMARY:
+				if lean[name] != nil {
+					t.Errorf("distribution %s parsed", name)
+				}
+			default:
+				if !proto.Equal(mf, lean[name]) {
+					t.Errorf("%s: parsed as %v, GIE's parser reads %v", name, lean[name], mf)
+				}
+			}
+		}
+		for name := range lean {
+			if full[name] == nil {
+				t.Errorf("%s parsed, GIE's parser has no such family", name)
+			}
+		}
+	})
 }
 
 // BenchmarkParse compares a scrape's parse with GIE's (every family) on a
