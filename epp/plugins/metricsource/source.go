@@ -13,8 +13,10 @@
 // the picker's CPU; parsing only the families the extractor can read
 // makes a scrape's parse several times cheaper (BenchmarkParse).
 //
-// Families without a # TYPE line, which the text format reads as untyped,
-// are kept whatever their samples' names.
+// A sample goes with the family the text format's parser would give it,
+// so a sample without a family of its own whose name ends _count or _sum
+// of a declared summary or histogram (or _bucket of a histogram) is left
+// out with it; families without a # TYPE line, untyped, are kept.
 package metricsource
 
 import (
@@ -124,54 +126,67 @@ const pooledPage = 1 << 20
 
 // withoutDistributions returns page's lines but those of its histogram,
 // gauge-histogram and summary families; page itself when it declares none.
-// A sample goes with the family the text format's parser would give it: the
-// family of its own name when one exists, else the summary or histogram its
-// name ends a _count, _sum (or, for a histogram, _bucket) of. A page with
-// quoted (UTF-8) names is left whole.
+// A page with quoted (UTF-8) names is left whole.
 func withoutDistributions(page []byte) []byte {
 	distributions := declaredDistributions(page)
 	if len(distributions) == 0 {
 		return page
 	}
 	out := make([]byte, 0, len(page)/4)
-	kinds := map[string]kind{} // the families seen so far
-	for len(page) > 0 {
-		var line []byte
-		line, page, _ = bytes.Cut(page, []byte{'\n'})
-		trimmed := bytes.TrimLeft(line, " \t")
-		if comment, ok := bytes.CutPrefix(trimmed, []byte("#")); ok {
-			keyword, name, typ := words(comment)
-			switch string(keyword) {
-			case "HELP":
-				if _, ok := kinds[string(name)]; !ok {
-					kinds[string(name)] = other
-				}
-				if distributions[string(name)] {
-					continue
-				}
-			case "TYPE":
-				if k := kindOf(typ); k != other {
-					kinds[string(name)] = k
-					continue
-				}
-				kinds[string(name)] = other
-			}
-		} else if len(trimmed) > 0 {
-			name := sampleName(trimmed)
-			if k, ok := kinds[string(name)]; ok {
-				if k != other {
-					continue
-				}
-			} else if k := kinds[string(familyOf(name))]; k == summary && !bytes.HasSuffix(name, []byte("_bucket")) || k == histogram {
-				continue
-			} else {
-				kinds[string(name)] = other
-			}
+	f := filter{distributions: distributions, kinds: map[string]kind{}}
+	for raw := range bytes.Lines(page) {
+		if !f.drops(lineOf(raw)) {
+			out = append(out, raw...)
 		}
-		out = append(out, line...)
-		out = append(out, '\n')
 	}
 	return out
+}
+
+// filter follows a page's families line by line, as the text format's
+// parser does, to tell which lines belong to a distribution.
+type filter struct {
+	// distributions are the families the page declares summaries or
+	// histograms, wherever their # TYPE line is.
+	distributions map[string]bool
+	// kinds are the families seen so far.
+	kinds map[string]kind
+}
+
+// drops reports whether l belongs to a distribution, and notes the family
+// l opens.
+func (f *filter) drops(l pageLine) bool {
+	switch {
+	case string(l.keyword) == "HELP":
+		if _, ok := f.kinds[string(l.family)]; !ok {
+			f.kinds[string(l.family)] = other
+		}
+		return f.distributions[string(l.family)]
+	case string(l.keyword) == "TYPE":
+		k := kindOf(l.typ)
+		f.kinds[string(l.family)] = k
+		return k != other
+	case len(l.sample) > 0:
+		return f.goesWithDistribution(l.sample)
+	}
+	return false
+}
+
+// goesWithDistribution reports whether a sample named name belongs to a
+// distribution: the family of its own name when one exists, else the
+// summary or histogram its name ends a _count, _sum (or, for a histogram,
+// _bucket) of. A sample with neither opens an untyped family of its name.
+func (f *filter) goesWithDistribution(name []byte) bool {
+	if k, ok := f.kinds[string(name)]; ok {
+		return k != other
+	}
+	switch f.kinds[string(familyOf(name))] {
+	case histogram:
+		return true
+	case summary:
+		return !bytes.HasSuffix(name, []byte("_bucket"))
+	}
+	f.kinds[string(name)] = other
+	return false
 }
 
 // kind is what the filter needs of a family's type.
@@ -199,36 +214,41 @@ func kindOf(typ []byte) kind {
 // distributions; none when a line names a family in quotes.
 func declaredDistributions(page []byte) map[string]bool {
 	var out map[string]bool
-	for len(page) > 0 {
-		var line []byte
-		line, page, _ = bytes.Cut(page, []byte{'\n'})
-		trimmed := bytes.TrimLeft(line, " \t")
-		if bytes.HasPrefix(trimmed, []byte("{")) {
+	for raw := range bytes.Lines(page) {
+		l := lineOf(raw)
+		if l.quoted {
 			return nil
 		}
-		comment, ok := bytes.CutPrefix(trimmed, []byte("#"))
-		if !ok {
-			continue
-		}
-		keyword, name, typ := words(comment)
-		if (string(keyword) == "TYPE" || string(keyword) == "HELP") && bytes.HasPrefix(name, []byte(`"`)) {
-			return nil
-		}
-		if string(keyword) == "TYPE" && kindOf(typ) != other {
+		if string(l.keyword) == "TYPE" && kindOf(l.typ) != other {
 			if out == nil {
 				out = map[string]bool{}
 			}
-			out[string(name)] = true
+			out[string(l.family)] = true
 		}
 	}
 	return out
 }
 
-// words returns the first three words of a comment line after its #,
-// separated by spaces or tabs, as the text format's parser reads them:
-// "HELP"/"TYPE", the family's name and (for TYPE) its type.
-func words(comment []byte) (first, second, third []byte) {
-	word := func() []byte {
+// pageLine is what the filter reads of a line of a page.
+type pageLine struct {
+	// keyword, family and typ are a comment's first three words after its
+	// #, as the text format's parser reads them: "HELP" or "TYPE", the
+	// family's name and (for TYPE) its type.
+	keyword, family, typ []byte
+	// sample is a sample line's metric name.
+	sample []byte
+	// quoted is a line naming its family or metric in quotes.
+	quoted bool
+}
+
+func lineOf(raw []byte) pageLine {
+	line := bytes.TrimLeft(bytes.TrimSuffix(raw, []byte{'\n'}), " \t")
+	comment, ok := bytes.CutPrefix(line, []byte("#"))
+	if !ok {
+		return pageLine{sample: sampleName(line), quoted: bytes.HasPrefix(line, []byte("{"))}
+	}
+	var l pageLine
+	words := func() []byte {
 		comment = bytes.TrimLeft(comment, " \t")
 		i := bytes.IndexAny(comment, " \t")
 		if i < 0 {
@@ -238,7 +258,12 @@ func words(comment []byte) (first, second, third []byte) {
 		comment = comment[i:]
 		return w
 	}
-	return word(), word(), word()
+	l.keyword, l.family, l.typ = words(), words(), words()
+	if string(l.keyword) != "HELP" && string(l.keyword) != "TYPE" {
+		return pageLine{}
+	}
+	l.quoted = bytes.HasPrefix(l.family, []byte(`"`))
+	return l
 }
 
 // sampleName is the metric name a sample line starts with.

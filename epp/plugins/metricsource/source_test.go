@@ -24,10 +24,10 @@ import (
 // completion: gauges, counters and 11 histograms.
 const simPage = "testdata/sim-v0.10.2.txt"
 
+// fullParse is GIE's parse of a whole page.
 func fullParse(t testing.TB, page []byte) map[string]*dto.MetricFamily {
 	t.Helper()
-	parser := expfmt.NewTextParser(model.LegacyValidation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(page))
+	families, err := parseText(page)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestWithoutDistributions(t *testing.T) {
 	}, {
 		name: "comments, blank lines, indented lines and a help line without a type line stay",
 		page: "# TYPE h histogram\nh_count 1\n# a comment\n\n  # TYPE g gauge\n  g 1\n# HELP last Nothing after it.",
-		want: "# a comment\n\n  # TYPE g gauge\n  g 1\n# HELP last Nothing after it.\n",
+		want: "# a comment\n\n  # TYPE g gauge\n  g 1\n# HELP last Nothing after it.",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := string(withoutDistributions([]byte(tc.page))); got != tc.want {
@@ -123,8 +123,7 @@ func TestParseRejectsWhatGIEsParserRejects(t *testing.T) {
 		"a value that is not a number": "g one\n",
 	} {
 		t.Run(name, func(t *testing.T) {
-			parser := expfmt.NewTextParser(model.LegacyValidation)
-			if _, err := parser.TextToMetricFamilies(strings.NewReader(page)); err == nil {
+			if _, err := parseText([]byte(page)); err == nil {
 				t.Fatal("GIE's parser accepts the page: the case tests nothing")
 			}
 			if _, err := Parse(strings.NewReader(page)); err == nil {
