@@ -19,7 +19,10 @@ type result struct {
 	At    time.Duration `json:"at_ms"`
 	Entry int           `json:"entry"`
 	// Served is the cluster of the pod that answered, -1 when none did.
-	Served int           `json:"served"`
+	Served int `json:"served"`
+	// Pod is the simulator's name for the pod that answered
+	// (X-Inference-Pod), empty when none did.
+	Pod    string        `json:"pod,omitempty"`
 	TTFT   time.Duration `json:"ttft_ms"`
 	Total  time.Duration `json:"total_ms"`
 	Tokens int           `json:"tokens"`
@@ -161,7 +164,8 @@ func (c *loadClient) attempt(ctx context.Context, t target, body []byte, start t
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 		return false, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
 	}
-	if cl, ok := c.podCluster[resp.Header.Get("X-Inference-Pod")]; ok {
+	res.Pod = resp.Header.Get("X-Inference-Pod")
+	if cl, ok := c.podCluster[res.Pod]; ok {
 		res.Served = cl
 	}
 	n, u, err := readStream(resp.Body, func() { res.TTFT = time.Since(start) - res.At })

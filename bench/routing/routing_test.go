@@ -431,11 +431,11 @@ func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
 
 func TestRequestsAreWrittenBeforeTheResultsDirectoryExists(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "not-yet", "requests-hot-cluster-fleetinfer-0.jsonl")
-	if err := writeRequests(path, []result{{Entry: 0, Served: 1, TTFT: 80 * time.Millisecond}}); err != nil {
+	if err := writeRequests(path, []result{{Entry: 0, Served: 1, Pod: "west-a", TTFT: 80 * time.Millisecond}}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)
-	if err != nil || !strings.Contains(string(b), `"ttft_ms":80`) {
+	if err != nil || !strings.Contains(string(b), `"ttft_ms":80`) || !strings.Contains(string(b), `"pod":"west-a"`) {
 		t.Fatalf("requests file: %q, %v", b, err)
 	}
 }
