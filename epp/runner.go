@@ -70,6 +70,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/crossing"
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
+	"github.com/fleetinfer/fleetinfer/internal/memlimit"
 )
 
 //go:embed default-config.yaml
@@ -137,7 +138,14 @@ func (r *Runner) addFlags(fs *pflag.FlagSet) {
 	r.limits.AddFlags(fs)
 }
 
+// validateFlags checks fleetinfer's flags once they are parsed, and sets
+// the runtime's soft memory limit from the container's (package memlimit),
+// which the request limits' memory bound relies on: it runs after GIE has
+// set up its setup log.
 func (r *Runner) validateFlags() error {
+	if soft, ok := memlimit.FromContainer(); ok {
+		setupLog.Info("Soft memory limit set from the container's memory limit", "bytes", soft, "share", memlimit.Share)
+	}
 	if err := r.fed.Validate(); err != nil {
 		setupLog.Error(err, "Failed to validate federation flags")
 		return err
