@@ -21,8 +21,8 @@ import (
 // binary's text) and room for the collector to act before the kernel does.
 const Share = 0.9
 
-// unlimited is where cgroup v1 reports no limit (the largest page-aligned
-// int64); cgroup v2 writes "max".
+// unlimited bounds the limits read as real: cgroup v1 reports none as the
+// largest page-aligned int64, above it; cgroup v2 writes "max".
 const unlimited = 1 << 62
 
 // Container returns the memory limit of the cgroup mounted at root (v2's
