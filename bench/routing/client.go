@@ -70,8 +70,8 @@ var errNoRoute = errors.New("no route")
 // no cluster, so an attempt the router sends to another cluster first waits
 // out the links' current round trips on its way (detour): what the request
 // and its first token would spend on them. SkyServe's requests go to its
-// load balancer's region and from there to the gateway it picks; the
-// oracle's go straight to the pod. Requests that enter their own gateway
+// load balancer's region, pass its proxy (skyProxy) and go from there to
+// the gateway it picks; the oracle's go straight to the pod. Requests that enter their own gateway
 // (cluster-local GIE, fleetinfer) cross, if at all, from gateway to
 // gateway, which the fabric delays itself.
 func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Time) (res result) {
@@ -147,11 +147,18 @@ func (c *loadClient) detour(from int, t target) time.Duration {
 // attempt sends one try; retry reports a connection error before any
 // response, the only kind a load balancer may retry.
 func (c *loadClient) attempt(ctx context.Context, t target, body []byte, start time.Time, res *result) (retry bool, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.URL+"/v1/completions", bytes.NewReader(body))
+	base := t.URL
+	if t.lb != "" {
+		base = t.lb
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
 		return false, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if t.lb != "" {
+		req.Header.Set(upstreamHeader, t.URL)
+	}
 	if t.Host != "" {
 		req.Host = t.Host
 	}
@@ -162,7 +169,9 @@ func (c *loadClient) attempt(ctx context.Context, t target, body []byte, start t
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-		return false, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
+		// The load balancer could not reach the gateway: it retries.
+		retry := t.lb != "" && resp.Header.Get(connectErrorHeader) != ""
+		return retry, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
 	}
 	res.Pod = resp.Header.Get("X-Inference-Pod")
 	if cl, ok := c.podCluster[res.Pod]; ok {

@@ -211,6 +211,11 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	defer stopAll(routers)
+	lb, err := startSkyProxy()
+	if err != nil {
+		return err
+	}
+	defer lb.close()
 	for _, s := range fl.Spokes {
 		res.Clusters = append(res.Clusters, s.Name())
 	}
@@ -220,7 +225,7 @@ func run(ctx context.Context, c config) error {
 		}
 		fmt.Printf("scenario %s (at %s)\n", sc.Name, time.Since(began).Round(time.Second))
 		res.Scenarios = append(res.Scenarios, sc)
-		if err := runScenario(ctx, c, fl, si, sc, res); err != nil {
+		if err := runScenario(ctx, c, fl, lb.url, si, sc, res); err != nil {
 			return fmt.Errorf("%s: %w", sc.Name, err)
 		}
 		// The results so far, so that a run cut short leaves the
@@ -234,8 +239,8 @@ func run(ctx context.Context, c config) error {
 
 // runScenario runs every policy on the scenario's arrivals, on one
 // deployment, or on a fresh one per run when the scenario destroys a
-// cluster.
-func runScenario(ctx context.Context, c config, fl *fleet.Fleet, si int, sc scenario, res *results) error {
+// cluster; lb is the URL of SkyServe's load balancer proxy.
+func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si int, sc scenario, res *results) error {
 	if net := fl.PodNetwork(); sc.podNetwork() != net {
 		if err := fl.SetPodNetwork(ctx, sc.podNetwork()); err != nil {
 			return err
@@ -264,7 +269,7 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, si int, sc scen
 					return err
 				}
 			}
-			r := newRouter(pol, sc, d, uint64(rep))
+			r := newRouter(pol, sc, d, lb, uint64(rep))
 			arrivals := sc.arrivals(c.duration, uint64(1000*si+rep), pol)
 			if sc.PrefixHome {
 				if err := d.warmPrefixes(ctx, sc, pol, r); err != nil {
@@ -342,13 +347,14 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, si int, sc scen
 // costs SkyServe least there.
 const skyServeAt = 0
 
-// newRouter builds policy pol's router for a run on d.
-func newRouter(pol string, sc scenario, d *deployment, seed uint64) router {
+// newRouter builds policy pol's router for a run on d; lb is the URL of
+// SkyServe's load balancer proxy.
+func newRouter(pol string, sc scenario, d *deployment, lb string, seed uint64) router {
 	switch pol {
 	case "gie-local":
 		return &entryRouter{gws: d.gateways(), host: fedpool.Host(stockPool, d.ns)}
 	case "round-robin", "least-load":
-		return newSkyServe(d.gateways(), fedpool.Host(stockPool, d.ns), skyServeAt, pol == "least-load", seed)
+		return newSkyServe(d.gateways(), fedpool.Host(stockPool, d.ns), lb, skyServeAt, pol == "least-load", seed)
 	case "fleetinfer":
 		return &entryRouter{gws: d.gateways(), host: d.pool.Host()}
 	}

@@ -689,7 +689,9 @@ func (*results) readLost(b *strings.Builder, get func(sc, pol string) summary) {
 const skyServeNote = "SkyServe, as read in skypilot-org/skypilot `sky/serve/load_balancing_policies.py` (`LeastLoadPolicy`, registered with `default=True`; " +
 	"`RoundRobinPolicy`) and `sky/serve/load_balancer.py` / `constants.py`: the load balancer is the one entry every request passes, a process in one region " +
 	"(the serve controller's; here %s's, where most of the hot scenarios' requests enter), so a request entering elsewhere travels there and back on top of any " +
-	"link from there to the gateway picked. SkyServe's `external_load_balancers` (one per region behind geo DNS) would spare that trip, each balancing by its own " +
+	"link from there to the gateway picked. It is an HTTP proxy (a FastAPI app forwarding with httpx and streaming the response back): every request and every " +
+	"streamed chunk passes it on top of the gateway and picker of the cluster picked. Here that pass is a Go reverse proxy in the benchmark's process, which " +
+	"costs less CPU than SkyServe's Python one: a lower bound of it. SkyServe's `external_load_balancers` (one per region behind geo DNS) would spare that trip, each balancing by its own " +
 	"count of what it sent, blind to the others'; the single load balancer, SkyServe's default, is what runs here. `LeastLoadPolicy` keeps `load_map`, " +
 	"the requests in flight per replica as the load balancer counts them itself (`pre_execute_hook` +1 on dispatch, `post_execute_hook` −1 when the proxied stream ends), " +
 	"and picks `min(ready_replicas, key=load)`; the ready replicas come from the controller every `LB_CONTROLLER_SYNC_INTERVAL_SECONDS` = 20 s; a request is tried up to " +

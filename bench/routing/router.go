@@ -19,6 +19,10 @@ type target struct {
 	// via is the cluster of a load balancer the attempt passes on its way
 	// to Cluster (SkyServe's); -1 when it goes there from where it entered.
 	via int
+	// lb is the URL of that load balancer's proxy (skyProxy), which
+	// forwards the attempt to URL; empty when the attempt goes to URL
+	// itself.
+	lb string
 }
 
 // router is a routing policy in front of the clusters: what the entry side
@@ -68,6 +72,9 @@ func (*entryRouter) lose(int)                  {}
 type skyServe struct {
 	gws  gateways
 	host string
+	// lb is the URL of the load balancer's proxy, which every request
+	// passes.
+	lb string
 	// at is the cluster whose region the load balancer runs in: a request
 	// entering elsewhere travels there first.
 	at    int
@@ -90,8 +97,8 @@ const (
 	skyInitialBackoff = time.Second
 )
 
-func newSkyServe(gws gateways, host string, at int, least bool, seed uint64) *skyServe {
-	return &skyServe{gws: gws, host: host, at: at, least: least, rnd: rand.New(rand.NewPCG(seed, 3)), load: map[int]int{}}
+func newSkyServe(gws gateways, host, lb string, at int, least bool, seed uint64) *skyServe {
+	return &skyServe{gws: gws, host: host, lb: lb, at: at, least: least, rnd: rand.New(rand.NewPCG(seed, 3)), load: map[int]int{}}
 }
 
 // setReady is set_ready_replicas: nothing changes for the same set;
@@ -164,7 +171,7 @@ func (s *skyServe) route(arrival) (target, bool) {
 		c = s.ready[s.index]
 		s.index = (s.index + 1) % len(s.ready)
 	}
-	return target{URL: s.gws[c], Host: s.host, Cluster: c, pod: -1, via: s.at}, true
+	return target{URL: s.gws[c], Host: s.host, Cluster: c, pod: -1, via: s.at, lb: s.lb}, true
 }
 
 func (s *skyServe) done(t target) {

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -81,7 +84,7 @@ func TestPickShare(t *testing.T) {
 }
 
 func TestSkyServeLeastLoadCountsItsOwnRequestsInFlight(t *testing.T) {
-	s := newSkyServe(gateways{"a", "b", "c"}, "h", 0, true, 1)
+	s := newSkyServe(gateways{"a", "b", "c"}, "h", "", 0, true, 1)
 	s.setReady([]int{0, 1, 2})
 	var got []int
 	var held []target
@@ -117,7 +120,7 @@ func TestSkyServeLeastLoadCountsItsOwnRequestsInFlight(t *testing.T) {
 }
 
 func TestSkyServeRoundRobinCyclesAShuffledReadySet(t *testing.T) {
-	s := newSkyServe(gateways{"a", "b", "c"}, "h", 0, false, 1)
+	s := newSkyServe(gateways{"a", "b", "c"}, "h", "", 0, false, 1)
 	if _, ok := s.route(arrival{}); ok {
 		t.Fatal("routed with no ready replicas")
 	}
@@ -142,7 +145,7 @@ func TestSkyServeRoundRobinCyclesAShuffledReadySet(t *testing.T) {
 }
 
 func TestSkyServeRetriesThreeTimesWithGrowingBackoff(t *testing.T) {
-	s := newSkyServe(nil, "", 0, true, 1)
+	s := newSkyServe(nil, "", "", 0, true, 1)
 	if s.attempts() != 3 || s.backoff(1) != time.Second || s.backoff(2) != 1600*time.Millisecond {
 		t.Fatalf("attempts %d, backoffs %v %v", s.attempts(), s.backoff(1), s.backoff(2))
 	}
@@ -395,11 +398,11 @@ func TestDetourIsTheRoundTripsOnTheWay(t *testing.T) {
 }
 
 // refusedRouter sends every attempt through a load balancer in cluster 0
-// to cluster 1's gateway, which refuses connections.
-type refusedRouter struct{ url string }
+// (its proxy at lb) to cluster 1's gateway, which refuses connections.
+type refusedRouter struct{ url, lb string }
 
 func (r refusedRouter) route(arrival) (target, bool) {
-	return target{URL: r.url, Cluster: 1, pod: -1, via: 0}, true
+	return target{URL: r.url, Cluster: 1, pod: -1, via: 0, lb: r.lb}, true
 }
 func (refusedRouter) done(target)               {}
 func (refusedRouter) attempts() int             { return 3 }
@@ -414,18 +417,70 @@ func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
 	}
 	url := "http://" + ln.Addr().String()
 	_ = ln.Close()
+	lb, err := startSkyProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.close()
 	var asked [][2]int
 	c := newLoadClient(1, 5*time.Second, nil, func(a, b int) time.Duration {
 		asked = append(asked, [2]int{a, b})
 		return time.Millisecond
 	})
-	res := c.do(context.Background(), refusedRouter{url: url}, arrival{Entry: 1, Prefix: -1}, time.Now())
+	res := c.do(context.Background(), refusedRouter{url: url, lb: lb.url}, arrival{Entry: 1, Prefix: -1}, time.Now())
 	if res.ok() || res.Attempts != 3 {
 		t.Fatalf("result %+v, want 3 failed attempts", res)
 	}
 	want := [][2]int{{1, 0}, {0, 1}, {0, 1}, {0, 1}}
 	if !slices.Equal(asked, want) {
 		t.Fatalf("links waited out %v, want %v", asked, want)
+	}
+}
+
+// SkyServe's load balancer passes the request to the gateway picked with the
+// route's Host and streams the answer back event by event.
+func TestSkyServesRequestsPassItsProxyAndStreamThrough(t *testing.T) {
+	const hold = time.Second
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Host != "pool.example" || r.Header.Get(upstreamHeader) != "" || r.URL.Path != "/v1/completions" {
+			http.Error(w, fmt.Sprintf("host %q, upstream header %q, path %q", r.Host, r.Header.Get(upstreamHeader), r.URL.Path), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-Inference-Pod", "west-a")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n")
+		w.(http.Flusher).Flush()
+		time.Sleep(hold)
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer gw.Close()
+	lb, err := startSkyProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.close()
+	c := newLoadClient(2, 5*time.Second, map[string]int{"west-a": 1}, nil)
+	var res result
+	tg := target{URL: gw.URL, Host: "pool.example", Cluster: 1, pod: -1, via: 0, lb: lb.url}
+	if _, err := c.attempt(context.Background(), tg, []byte(`{}`), time.Now(), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Tokens != 2 || res.Served != 1 || res.Pod != "west-a" {
+		t.Fatalf("result %+v, want 2 tokens served by west-a in cluster 1", res)
+	}
+	// A proxy that buffered the stream would deliver the first token with
+	// the rest, after the gateway's pause.
+	if res.TTFT >= hold*8/10 || res.Total < hold {
+		t.Fatalf("first token after %v, stream over after %v: want the first token before the gateway's %v pause", res.TTFT, res.Total, hold)
+	}
+	// The proxy refuses a request that names no upstream.
+	resp, err := http.Post(lb.url+"/v1/completions", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("without %s: %s, want 400", upstreamHeader, resp.Status)
 	}
 }
 

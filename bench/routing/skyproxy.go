@@ -1,0 +1,77 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+)
+
+// skyProxy is the data path of SkyServe's load balancer. SkyServe's load
+// balancer is an HTTP proxy (sky/serve/load_balancer.py: a FastAPI app that
+// sends each request on to the replica its policy picked with an httpx
+// client and streams the response back), so every request and every
+// streamed chunk passes through that process on top of the gateway and
+// picker of the cluster picked. The policy (skyServe.route) runs in the
+// load client, which names the replica picked in upstreamHeader; this
+// proxy forwards the request there, keeping its Host (the pool's route),
+// and flushes every chunk as it arrives.
+//
+// A Go reverse proxy in the benchmark's process passes a request for less
+// CPU than SkyServe's Python one: what the pass costs here is a lower bound
+// of what it costs SkyServe.
+type skyProxy struct {
+	url string
+	srv *http.Server
+}
+
+const (
+	// upstreamHeader names the gateway the load balancer's policy picked.
+	upstreamHeader = "X-Bench-Sky-Upstream"
+	// connectErrorHeader marks an answer the proxy gave because the
+	// upstream could not be reached, before any response: the error
+	// SkyServe's load balancer retries (LB_MAX_RETRY).
+	connectErrorHeader = "X-Bench-Sky-Connect-Error"
+)
+
+// startSkyProxy starts the proxy on a loopback port.
+func startSkyProxy() (*skyProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			// serveHTTP has checked the header.
+			u, _ := url.Parse(pr.In.Header.Get(upstreamHeader))
+			pr.SetURL(u)
+			pr.Out.Host = pr.In.Host
+			pr.Out.Header.Del(upstreamHeader)
+		},
+		Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true,
+			IdleConnTimeout: 30 * time.Second},
+		// Server-sent events pass chunk by chunk.
+		FlushInterval: -1,
+		// The transport failed before any response arrived.
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			w.Header().Set(connectErrorHeader, "1")
+			http.Error(w, "load balancer: "+err.Error(), http.StatusBadGateway)
+		},
+	}
+	p := &skyProxy{url: "http://" + ln.Addr().String()}
+	p.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, err := url.Parse(r.Header.Get(upstreamHeader))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			http.Error(w, "load balancer: "+upstreamHeader+" must name an http(s) URL", http.StatusBadRequest)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	})}
+	// Serve returns when close closes the listener.
+	go func() { _ = p.srv.Serve(ln) }()
+	return p, nil
+}
+
+// close stops the proxy and the streams passing through it.
+func (p *skyProxy) close() { _ = p.srv.Close() }
