@@ -180,6 +180,10 @@ func (c *loadClient) attempt(ctx context.Context, t target, body []byte, start t
 	n, u, err := readStream(resp.Body, func() { res.TTFT = time.Since(start) - res.At })
 	res.Tokens, res.PromptTokens, res.CachedTokens = n, u.PromptTokens, u.Details.CachedTokens
 	res.Total = time.Since(start) - res.At
+	// The stream ends right after [DONE]: reading it to its end lets the
+	// connection serve the next request, as an HTTP client's pool does,
+	// instead of a new connection per request.
+	_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
 	if err == nil && n == 0 {
 		err = errors.New("no tokens")
 	}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -481,6 +482,35 @@ func TestSkyServesRequestsPassItsProxyAndStreamThrough(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("without %s: %s, want 400", upstreamHeader, resp.Status)
+	}
+}
+
+func TestTheClientReusesItsConnectionAfterAStream(t *testing.T) {
+	var conns atomic.Int32
+	gw := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
+		// The end of the chunked body follows [DONE] on its own, as a
+		// model server's may.
+		w.(http.Flusher).Flush()
+		time.Sleep(20 * time.Millisecond)
+	}))
+	gw.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	gw.Start()
+	defer gw.Close()
+	c := newLoadClient(1, 5*time.Second, nil, nil)
+	for range 3 {
+		var res result
+		if _, err := c.attempt(context.Background(), target{URL: gw.URL, pod: -1, via: -1}, []byte(`{}`), time.Now(), &res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("3 requests in turn opened %d connections, want 1", n)
 	}
 }
 
