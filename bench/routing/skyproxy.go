@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -53,6 +55,9 @@ func startSkyProxy() (*skyProxy, error) {
 			IdleConnTimeout: 30 * time.Second},
 		// Server-sent events pass chunk by chunk.
 		FlushInterval: -1,
+		// A stream cut short (a cluster lost mid-response) is the client's
+		// error to record, not a line in the benchmark's output.
+		ErrorLog: log.New(io.Discard, "", 0),
 		// The transport failed before any response arrived.
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			w.Header().Set(connectErrorHeader, "1")
