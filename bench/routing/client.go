@@ -71,9 +71,9 @@ var errNoRoute = errors.New("no route")
 // out the links' current round trips on its way (detour): what the request
 // and its first token would spend on them. SkyServe's requests go to its
 // load balancer's region, pass its proxy (skyProxy) and go from there to
-// the gateway it picks; the oracle's go straight to the pod. Requests that enter their own gateway
-// (cluster-local GIE, fleetinfer) cross, if at all, from gateway to
-// gateway, which the fabric delays itself.
+// the gateway it picks; the oracle's go straight to the pod. Requests that
+// enter their own gateway (cluster-local GIE, fleetinfer) cross, if at
+// all, from gateway to gateway, which the fabric delays itself.
 func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Time) (res result) {
 	res = result{At: a.At, Entry: a.Entry, Served: -1}
 	defer func() {
