@@ -45,7 +45,7 @@ func startSkyProxy() (*skyProxy, error) {
 	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			// serveHTTP has checked the header.
+			// The server's handler has checked the header before.
 			u, _ := url.Parse(pr.In.Header.Get(upstreamHeader))
 			pr.SetURL(u)
 			pr.Out.Host = pr.In.Host
