@@ -108,7 +108,7 @@ chaos: tools build images ## The hub's fault suite at full length (2-min cordon 
 
 bench: bench-epp bench-hub bench-routing ## Run the benchmarks; results in bench/results/.
 
-bench-epp: tools build images ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (100 pods); bench/results/epp.{json,md,svg}.
+bench-epp: tools build images ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (40 local pods); bench/results/epp.{json,md,svg}.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 	go run ./bench/epp -out bench/results -stock-epp $(patsubst $(ROOT)/%,%,$(BIN)/gie-epp)
 

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/common/expfmt"
 	"google.golang.org/grpc"
 	grpccreds "google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
@@ -28,9 +31,11 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/federation/federationtest"
 	federationv1 "github.com/fleetinfer/fleetinfer/epp/federation/v1"
+	"github.com/fleetinfer/fleetinfer/internal/httpget"
 	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
@@ -104,27 +109,35 @@ func createPool(ctx context.Context, c client.Client, n int) ([]netip.Addr, erro
 	return addrs, nil
 }
 
-// modelServers serves vLLM's metrics on every pod address, as many small
-// stand-ins for simulators: both EPPs scrape the same servers. Saturated
-// makes every pod report a queue that GIE's and fleetinfer's defaults call
-// saturated.
+// modelServers serves a model server's metrics page on every pod address,
+// as many stand-ins for simulators: both EPPs scrape the same servers. The
+// page is a real simulator's (simulatorPage), histograms and all, so a
+// scrape costs what it costs against a model server; only the load gauges
+// are the phase's. Saturated makes every pod report a queue that GIE's and
+// fleetinfer's defaults call saturated.
 type modelServers struct {
 	saturated atomic.Bool
-	servers   []*http.Server
+	// pages are the page at headroom and saturated.
+	pages   [2][]byte
+	servers []*http.Server
 }
 
-func startModelServers(addrs []netip.Addr) (*modelServers, error) {
+func startModelServers(addrs []netip.Addr, page []byte) (*modelServers, error) {
 	m := &modelServers{}
-	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		waiting := 0
-		if m.saturated.Load() {
-			waiting = 10
+	for i, waiting := range []int{0, 10} {
+		p, err := withLoad(page, waiting)
+		if err != nil {
+			return nil, err
 		}
-		fmt.Fprintf(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"bench\"} %d\n"+
-			"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"bench\"} 4\n"+
-			"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"bench\"} 0.3\n"+
-			"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1024\"} 1\n"+
-			"# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1\n", waiting)
+		m.pages[i] = p
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		page := m.pages[0]
+		if m.saturated.Load() {
+			page = m.pages[1]
+		}
+		w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+		_, _ = w.Write(page)
 	})
 	for _, a := range addrs {
 		lis, err := net.Listen("tcp", netip.AddrPortFrom(a, 8000).String())
@@ -137,6 +150,95 @@ func startModelServers(addrs []netip.Addr) (*modelServers, error) {
 		go func() { _ = srv.Serve(lis) }()
 	}
 	return m, nil
+}
+
+// withLoad returns page with its load gauges set: waiting requests queued,
+// 4 running and the KV cache 30% used.
+func withLoad(page []byte, waiting int) ([]byte, error) {
+	values := map[string]string{
+		"vllm:num_requests_waiting": strconv.Itoa(waiting),
+		"vllm:num_requests_running": "4",
+		"vllm:kv_cache_usage_perc":  "0.3",
+	}
+	lines := bytes.SplitAfter(page, []byte("\n"))
+	set := map[string]bool{}
+	for i, l := range lines {
+		name, _, ok := bytes.Cut(l, []byte("{"))
+		if !ok {
+			continue
+		}
+		v, ok := values[string(name)]
+		if !ok {
+			continue
+		}
+		end := bytes.LastIndexByte(l, ' ')
+		if end < 0 {
+			return nil, fmt.Errorf("metrics page: no value in %q", l)
+		}
+		lines[i] = fmt.Appendf(nil, "%s %s\n", l[:end], v)
+		set[string(name)] = true
+	}
+	for name := range values {
+		if !set[name] {
+			return nil, fmt.Errorf("the simulator's metrics page has no %s", name)
+		}
+	}
+	return bytes.Join(lines, nil), nil
+}
+
+// simulatorPage runs one real simulator (the version `make tools` pins),
+// completes a request on it so that its histograms hold a sample, and
+// returns its metrics page.
+func simulatorPage(ctx context.Context, sim, dir string, reg *process.Registry) ([]byte, error) {
+	free, err := ports.Free(1)
+	if err != nil {
+		return nil, err
+	}
+	p, err := process.Start(process.Spec{Name: "simulator", Path: sim,
+		Args: []string{"--model=" + benchPool, "--port=" + portString(free[0]), "--max-num-seqs=4"},
+		// The simulator wants its pod's address, as the kubelet gives it.
+		Env: []string{"POD_IP=127.0.0.1"}, LogPath: filepath.Join(dir, "simulator.log")}, reg)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Stop(time.Second)
+	base := "http://127.0.0.1:" + portString(free[0])
+	body := []byte(`{"model":"` + benchPool + `","prompt":"How long is a piece of string?","max_tokens":8}`)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		err := complete(ctx, base+"/v1/completions", body)
+		if err == nil {
+			break
+		}
+		select {
+		case <-p.Done():
+			return nil, fmt.Errorf("the simulator exited (log: %s)", p.LogPath)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no completion from the simulator within 30 s: %w", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return httpget.Body(ctx, base+"/metrics", 1<<20)
+}
+
+// complete sends one completion request and reads its answer.
+func complete(ctx context.Context, url string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
 }
 
 func (m *modelServers) stop() {

@@ -1,12 +1,15 @@
 // Command epp benchmarks fleetinfer's endpoint picker against GIE v1.5.0's
 // stock EPP in the same run, on this machine: pick latency and picks/s with
-// a federated view of 1,000 pods (100 local pods plus 10 peers of 90) next to
-// the stock EPP over the same 100 local pods, and the federation's freshness
+// a federated view of 1,000 pods (40 local pods plus 10 peers of 96) next to
+// the stock EPP over the same 40 local pods, and the federation's freshness
 // and bytes per peer. `make bench` runs it and writes bench/results/epp.*.
 //
 // Both EPPs are processes against one real kube-apiserver, with the same
-// flags, scraping the same 100 metric servers on loopback pod addresses
-// (stand-ins for simulators: the scrape is real, the serving is not). The 10
+// flags, scraping the same 40 stand-ins for model servers on loopback pod
+// addresses, which serve the metrics page of a real simulator run at start
+// (the scrape and the page are real, the serving is not). 40, not more: on
+// this 2-core machine the stock EPP's scrapes of 100 such pages every 50 ms
+// took more than a core, and its picks starved. The 10
 // peers are real federation servers in this process publishing synthetic pod
 // state that changes all the time. Picks are driven by the local gateway's
 // Envoy-faithful ext-proc client, one stream per pick.
@@ -61,9 +64,9 @@ func main() {
 	flag.IntVar(&c.conc, "conc", 8, "concurrent pickers")
 	flag.IntVar(&c.concPicks, "conc-picks", 4000, "picks of the concurrent phase")
 	flag.IntVar(&c.warmup, "warmup", 300, "warm-up picks before each phase")
-	flag.IntVar(&c.local, "local", 100, "local pods")
+	flag.IntVar(&c.local, "local", 40, "local pods")
 	flag.IntVar(&c.peers, "peers", 10, "federation peers")
-	flag.IntVar(&c.perPeer, "per-peer", 90, "pods per peer")
+	flag.IntVar(&c.perPeer, "per-peer", 96, "pods per peer")
 	flag.StringVar(&c.profile, "profile", "", "instead of measuring, profile each phase of both EPPs (CPU with perf, allocations with pprof) into this directory")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -101,7 +104,15 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	servers, err := startModelServers(addrs)
+	b, err := binaries.Locate()
+	if err != nil {
+		return err
+	}
+	page, err := simulatorPage(ctx, b.Simulator, dir, reg)
+	if err != nil {
+		return err
+	}
+	servers, err := startModelServers(addrs, page)
 	if err != nil {
 		return err
 	}
@@ -124,10 +135,6 @@ func run(ctx context.Context, c config) error {
 	}
 	peersFile := filepath.Join(dir, "peers.yaml")
 	if err := os.WriteFile(peersFile, []byte(peerDirectory(peers)), 0o600); err != nil {
-		return err
-	}
-	b, err := binaries.Locate()
-	if err != nil {
 		return err
 	}
 	if c.epp == "" {

@@ -61,12 +61,14 @@ func (r *results) summarize() {
 	c := r.Config
 	r.Setup = setup{Repetitions: c.reps, LocalPods: c.local, Peers: c.peers, PodsPerPeer: c.perPeer, FederatedAll: c.local + c.peers*c.perPeer,
 		Sequential: c.seq, Concurrent: fmt.Sprintf("%d picks over %d pickers", c.concPicks, c.conc),
-		Notes: "Local pods are metric servers on loopback pod addresses scraped by both EPPs (running side by side) every 50 ms (GIE's default); " +
+		Notes: "Local pods are stand-ins on loopback pod addresses scraped by both EPPs (running side by side) every 50 ms (GIE's default); " +
+			"each serves the metrics page of a real llm-d-inference-sim run at the start (gauges, counters and histograms, about 18 KB) " +
+			"with the phase's load gauges; " +
 			"peers are real fleetinfer federation servers (mTLS) in the benchmark process publishing synthetic pod state " +
 			"(every pod re-scraped each 50 ms, a tenth of them changing each time). 'headroom': local pods report empty queues; " +
 			"'saturated': they report 10 waiting requests, so fleetinfer's estimate (10 requests at the default 10/s: 1 s) sends requests to " +
 			"remote pods, expected sooner by far more than the margin (their round trip is the loopback's): its candidates are the 16 remote pods expected " +
-			"soonest (maxRemoteCandidates, chosen from the 900 in its federated view), where stock GIE scores all 100 local pods. " +
+			fmt.Sprintf("soonest (maxRemoteCandidates, chosen from the %d in its federated view), where stock GIE scores all %d local pods. ", c.peers*c.perPeer, c.local) +
 			"fleetinfer runs its default configuration with prefillPerToken set, so every pick hashes its prompt into blocks, matches them " +
 			"against its record of the local pods and the summaries of remote ones, and records them (epp/prefixes)."}
 	type key struct{ epp, scenario, load string }
@@ -211,7 +213,7 @@ func (r *results) markdown() string {
 			fmt.Fprintf(&b, "| %s | %s | (no remote candidates) | | %.0f |\n", s.Scenario, s.Load, s.BytesPerPeerS)
 		}
 	}
-	b.WriteString(whereTimeGoes)
+	b.WriteString(whereTimeGoes(r.Config))
 	b.WriteString("\n![pick latency](epp-latency.svg)\n\n![federation freshness](epp-freshness.svg)\n")
 	return b.String()
 }
@@ -299,12 +301,16 @@ func (r *results) freshnessSVG() string {
 
 // whereTimeGoes explains the ratios from profiles of both EPPs under this
 // benchmark's load and from the in-process BenchmarkPick (epp-analysis.md).
-const whereTimeGoes = "\n## Where the time goes\n\n" +
-	"Profiles of both EPPs under this benchmark's load (`go run ./bench/epp -profile DIR`: perf for CPU, GIE's pprof for allocations) " +
-	"and `go test ./epp -run '^$' -bench BenchmarkPick` (both wirings in process, without scraping or sockets) are in [epp-analysis.md](epp-analysis.md). In short:\n\n" +
-	"- *Headroom* (no spill): fleetinfer's pick allocates what stock's does (BenchmarkPick, with this benchmark's prompt and prefillPerToken: within 2% " +
-	"of the bytes and objects) and costs about 1.2× its CPU: the spill estimate over the local pods and the remote ones within reach, and the prefix record. " +
-	"Besides, fleetinfer follows 10 peers' streams (about 200 messages a second here), which competes with picks for the 2 cores.\n" +
-	"- *Saturated* (spill): a spilled pick hands GIE the 16 remote pods expected soonest, where stock GIE copies and scores all 100 saturated " +
-	"local pods. Choosing the 16 remote pods from 900 takes microseconds of CPU (BenchmarkRemote in epp/spill). Before candidates were bounded, " +
-	"a spilled pick scored 116 candidates and cost 1.2–1.25× stock's CPU.\n"
+func whereTimeGoes(c config) string {
+	return "\n## Where the time goes\n\n" +
+		"Profiles of both EPPs under this benchmark's load (`go run ./bench/epp -profile DIR`: perf for CPU, GIE's pprof for allocations) " +
+		"and `go test ./epp -run '^$' -bench BenchmarkPick` (both wirings in process, without scraping or sockets) are in [epp-analysis.md](epp-analysis.md), " +
+		"taken with 100 local pods whose page held five gauges. In short:\n\n" +
+		"- *Scrapes*: both EPPs scrape every local pod every 50 ms. fleetinfer's scrape parser leaves the page's histograms out (epp/plugins/metricsource), " +
+		"most of a model server's page, so its scrapes cost a fraction of stock's: compare their idle CPU above.\n" +
+		"- *Headroom* (no spill): fleetinfer's pick allocates what stock's does (BenchmarkPick, with this benchmark's prompt and prefillPerToken: within 2% " +
+		"of the bytes and objects) and costs about 1.2× its CPU: the spill estimate over the local pods and the remote ones within reach, and the prefix record. " +
+		fmt.Sprintf("Besides, fleetinfer follows %d peers' streams (about %d messages a second here), which competes with picks for the 2 cores.\n", c.peers, c.peers*20) +
+		fmt.Sprintf("- *Saturated* (spill): a spilled pick hands GIE the 16 remote pods expected soonest, where stock GIE copies and scores all %d saturated ", c.local) +
+		fmt.Sprintf("local pods. Choosing the 16 remote pods from %d takes microseconds of CPU (BenchmarkRemote in epp/spill).\n", c.peers*c.perPeer)
+}
