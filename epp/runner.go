@@ -114,7 +114,7 @@ func NewRunner() *Runner {
 		ExecutableName:        "fleetinfer-epp",
 		DefaultConfig:         defaultConfig,
 		AddFlags:              r.addFlags,
-		ValidateFlags:         r.validateFlags,
+		FlagsParsed:           r.flagsParsed,
 		RegisterPlugins:       func() { registerPlugins(r.spill) },
 		RequestControlPlugins: []fwkplugin.Plugin{r.recorder},
 		Collectors:            metricCollectors(),
@@ -138,11 +138,11 @@ func (r *Runner) addFlags(fs *pflag.FlagSet) {
 	r.limits.AddFlags(fs)
 }
 
-// validateFlags checks fleetinfer's flags once they are parsed, and sets
-// the runtime's soft memory limit from the container's (package memlimit),
-// which the request limits' memory bound relies on: it runs after GIE has
-// set up its setup log.
-func (r *Runner) validateFlags() error {
+// flagsParsed sets the runtime's soft memory limit from the container's
+// (package memlimit), which the request limits' memory bound relies on, and
+// checks fleetinfer's flags. It runs once GIE has set up its setup log, so
+// that the limit is logged where an operator looks for start-up settings.
+func (r *Runner) flagsParsed() error {
 	if soft, ok := memlimit.FromContainer(); ok {
 		setupLog.Info("Soft memory limit set from the container's memory limit", "bytes", soft, "share", memlimit.Share)
 	}

@@ -54,10 +54,13 @@ type Delta struct {
 	// DefaultConfig is the EndpointPickerConfig used when neither
 	// --config-file nor --config-text is given.
 	DefaultConfig []byte
-	// AddFlags adds the caller's flags next to GIE's; ValidateFlags checks
-	// them once the command line is parsed.
-	AddFlags      func(*pflag.FlagSet)
-	ValidateFlags func() error
+	// AddFlags adds the caller's flags next to GIE's. FlagsParsed runs once
+	// the command line is parsed and GIE's flags are valid, after the setup
+	// log and before anything starts: the caller checks its own flags there
+	// and applies the process settings that follow from them; an error
+	// stops the EPP.
+	AddFlags    func(*pflag.FlagSet)
+	FlagsParsed func() error
 	// RegisterPlugins registers the caller's plugin types after GIE's
 	// in-tree ones.
 	RegisterPlugins func()

@@ -85,8 +85,8 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 	// fleetinfer: the delta's flags.
-	if r.delta.ValidateFlags != nil {
-		if err := r.delta.ValidateFlags(); err != nil {
+	if r.delta.FlagsParsed != nil {
+		if err := r.delta.FlagsParsed(); err != nil {
 			return err
 		}
 	}
