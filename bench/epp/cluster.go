@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -213,7 +214,9 @@ func simulatorPage(ctx context.Context, sim, dir string, reg *process.Registry) 
 		}
 		select {
 		case <-p.Done():
-			return nil, fmt.Errorf("the simulator exited (log: %s)", p.LogPath)
+			// The log goes with the run's directory: quote its end.
+			log, _ := os.ReadFile(p.LogPath)
+			return nil, fmt.Errorf("the simulator exited: %v; its log ends:\n%s", p.ExitErr(), log[max(len(log)-2048, 0):])
 		case <-ctx.Done():
 			return nil, fmt.Errorf("no completion from the simulator within 30 s: %w", err)
 		case <-time.After(100 * time.Millisecond):

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
 
 // A simulator's page, cut short: a histogram, the load gauges with the
@@ -42,5 +47,19 @@ func TestAPageWithoutALoadGaugeIsRefused(t *testing.T) {
 	_, err := withLoad([]byte(short), 0)
 	if err == nil || !strings.Contains(err.Error(), "vllm:kv_cache_usage_perc") {
 		t.Errorf("got %v, want an error naming the missing gauge", err)
+	}
+}
+
+func TestASimulatorThatExitsIsReportedWithTheEndOfItsLog(t *testing.T) {
+	dir := t.TempDir()
+	sim := filepath.Join(dir, "sim")
+	if err := os.WriteFile(sim, []byte("#!/bin/sh\necho 'IP should be defined' >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	reg := &process.Registry{}
+	defer reg.StopAll(time.Second)
+	_, err := simulatorPage(t.Context(), sim, dir, reg)
+	if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "IP should be defined") {
+		t.Errorf("got %v, want the exit status and the end of the simulator's log", err)
 	}
 }
