@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -36,6 +35,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
+	"github.com/fleetinfer/fleetinfer/localfleet/loadgen"
 	"github.com/fleetinfer/fleetinfer/localfleet/ports"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
@@ -204,12 +204,11 @@ func simulatorPage(ctx context.Context, sim, dir string, reg *process.Registry) 
 	}
 	defer p.Stop(time.Second)
 	base := "http://127.0.0.1:" + portString(free[0])
-	body := []byte(`{"model":"` + benchPool + `","prompt":"How long is a piece of string?","max_tokens":8}`)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		err := complete(ctx, base+"/v1/completions", body)
-		if err == nil {
+		r := loadgen.Send(ctx, http.DefaultClient, loadgen.Entry{URL: base}, benchPool, "How long is a piece of string?", 8)
+		if r.OK() {
 			break
 		}
 		select {
@@ -218,30 +217,11 @@ func simulatorPage(ctx context.Context, sim, dir string, reg *process.Registry) 
 			log, _ := os.ReadFile(p.LogPath)
 			return nil, fmt.Errorf("the simulator exited: %v; its log ends:\n%s", p.ExitErr(), log[max(len(log)-2048, 0):])
 		case <-ctx.Done():
-			return nil, fmt.Errorf("no completion from the simulator within 30 s: %w", err)
+			return nil, fmt.Errorf("no completion from the simulator within 30 s: status %d, %d tokens, %s", r.Status, r.Tokens, r.Err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	return httpget.Body(ctx, base+"/metrics", 1<<20)
-}
-
-// complete sends one completion request and reads its answer.
-func complete(ctx context.Context, url string, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	return nil
 }
 
 func (m *modelServers) stop() {
@@ -249,6 +229,10 @@ func (m *modelServers) stop() {
 		_ = s.Close()
 	}
 }
+
+// peerInterval is how often the fake peers re-scrape and publish their pods,
+// as a picker does at GIE's default refresh.
+const peerInterval = 50 * time.Millisecond
 
 // fakePeer is a real federation server publishing synthetic pod state, as a
 // peer EPP would publish its scraped pods: every endpoint is "scraped" each

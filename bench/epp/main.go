@@ -122,7 +122,7 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	const localID = "spiffe://fleetinfer.bench/local"
-	peers, err := startFakePeers(ctx, ca, dir, c.peers, c.perPeer, localID, 50*time.Millisecond)
+	peers, err := startFakePeers(ctx, ca, dir, c.peers, c.perPeer, localID, peerInterval)
 	for _, p := range peers {
 		defer p.stop()
 	}

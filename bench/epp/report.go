@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/fleetinfer/fleetinfer/bench/internal/host"
 	"github.com/fleetinfer/fleetinfer/internal/stats"
@@ -310,7 +311,7 @@ func whereTimeGoes(c config) string {
 		"most of a model server's page, so its scrapes cost a fraction of stock's: compare their idle CPU above.\n" +
 		"- *Headroom* (no spill): fleetinfer's pick allocates what stock's does (BenchmarkPick, with this benchmark's prompt and prefillPerToken: within 2% " +
 		"of the bytes and objects) and costs about 1.2× its CPU: the spill estimate over the local pods and the remote ones within reach, and the prefix record. " +
-		fmt.Sprintf("Besides, fleetinfer follows %d peers' streams (about %d messages a second here), which competes with picks for the 2 cores.\n", c.peers, c.peers*20) +
+		fmt.Sprintf("Besides, fleetinfer follows %d peers' streams (about %d messages a second here), which competes with picks for the 2 cores.\n", c.peers, c.peers*int(time.Second/peerInterval)) +
 		fmt.Sprintf("- *Saturated* (spill): a spilled pick hands GIE the 16 remote pods expected soonest, where stock GIE copies and scores all %d saturated ", c.local) +
 		fmt.Sprintf("local pods. Choosing the 16 remote pods from %d takes microseconds of CPU (BenchmarkRemote in epp/spill).\n", c.peers*c.perPeer)
 }
