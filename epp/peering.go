@@ -27,6 +27,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/internal/gierunner"
 	"github.com/fleetinfer/fleetinfer/epp/marks"
 	"github.com/fleetinfer/fleetinfer/epp/prefixes"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
 // FederationOptions are the federation's command-line flags. Federation is
@@ -41,6 +42,7 @@ type FederationOptions struct {
 	Mode             string
 	Staleness        time.Duration
 	PublishInterval  time.Duration
+	PublishMinGap    time.Duration
 	Heartbeat        time.Duration
 	MaxEndpoints     int
 	MaxMessageBytes  int
@@ -70,7 +72,7 @@ const maxReconnectBackoff = 2 * time.Second
 func NewFederationOptions() *FederationOptions {
 	return &FederationOptions{
 		Port: fleetv1alpha1.FederationPort, Mode: string(fleetv1alpha1.FederationEndpoint), Staleness: 2 * time.Second,
-		PublishInterval: 50 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
+		PublishInterval: 50 * time.Millisecond, PublishMinGap: 25 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
 		MaxEndpoints: federation.DefaultLimits.MaxEndpoints, MaxMessageBytes: federation.DefaultLimits.MaxMessageBytes,
 		MaxMessageRate: federation.DefaultLimits.MaxMessagesPerSecond, MaxByteRate: federation.DefaultLimits.MaxBytesPerSecond,
 		ReloadInterval: time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: maxReconnectBackoff,
@@ -92,6 +94,7 @@ func (o *FederationOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Mode, fleetv1alpha1.FlagFederationMode, o.Mode, "How requests reach peers' pods when their entry does not say: Endpoint (pod ip:port) or Parent (peer gateway, with signed marks).")
 	fs.DurationVar(&o.Staleness, "federation-staleness", o.Staleness, "Remote endpoints whose data is older are not candidates; a silent peer is disconnected after this long.")
 	fs.DurationVar(&o.PublishInterval, "federation-publish-interval", o.PublishInterval, "How often local changes are sent to subscribers.")
+	fs.DurationVar(&o.PublishMinGap, "federation-publish-min-gap", o.PublishMinGap, "When a request this picker sent to a local pod starts or ends, the pods' load is sent to subscribers this long after the last message at the earliest, without waiting for --federation-publish-interval; at least 1 s over --federation-max-messages-per-second, which peers with the same flags apply.")
 	fs.DurationVar(&o.Heartbeat, "federation-heartbeat", o.Heartbeat, "Longest time between messages to a subscriber; heartbeats carry data freshness.")
 	fs.DurationVar(&o.PingInterval, "federation-ping-interval", o.PingInterval, "How often the round trip to each peer is measured (fleetinfer_epp_peer_rtt_seconds); the spill policy adds it to a remote endpoint's expected time to first token.")
 	fs.IntVar(&o.MaxEndpoints, "federation-max-endpoints-per-peer", o.MaxEndpoints, "Most endpoints accepted from one peer.")
@@ -136,6 +139,12 @@ func (o *FederationOptions) Validate() error {
 	}
 	if o.MaxEndpoints <= 0 || o.MaxMessageBytes <= 0 || o.MaxMessageRate < 0 || o.MaxByteRate < 0 {
 		errs = append(errs, errors.New("federation limits must be positive (rates may be 0: no bound)"))
+	}
+	switch {
+	case o.PublishMinGap <= 0 || o.PublishMinGap > o.PublishInterval:
+		errs = append(errs, fmt.Errorf("--federation-publish-min-gap %s must be positive and at most --federation-publish-interval %s", o.PublishMinGap, o.PublishInterval))
+	case o.MaxMessageRate > 0 && o.PublishMinGap < time.Second/time.Duration(o.MaxMessageRate):
+		errs = append(errs, fmt.Errorf("--federation-publish-min-gap %s would send peers more than the %d messages a second of --federation-max-messages-per-second", o.PublishMinGap, o.MaxMessageRate))
 	}
 	return errors.Join(errs...)
 }
@@ -182,7 +191,9 @@ func (f *federationParts) marker() *marker {
 		verifier: &marks.Verifier{Pool: f.pool, Roots: f.creds.Roots, Identity: federation.PeerIdentity(f.dir, f.pool, f.cluster)}}
 }
 
-func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datastore, log logr.Logger) (*federationParts, error) {
+// build makes the federation's parts. The publisher sends the load meter
+// knows of the local pods (spill.Meter.Load) as soon as it changes.
+func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datastore, meter *spill.Meter, log logr.Logger) (*federationParts, error) {
 	if o.PeersFile == "" {
 		return &federationParts{}, nil
 	}
@@ -211,7 +222,8 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool, prefixes: index, forget: forget,
 		publisher: federation.NewPublisher(federation.PublisherOptions{
 			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
-			Interval: o.PublishInterval, Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,
+			Interval: o.PublishInterval, Load: meter.Load, Changed: meter.Changed(), MinGap: o.PublishMinGap,
+			Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,
 			Authorize: federation.Authorize(dir, pool, o.Cluster), Roots: creds.Roots, Buffer: o.SubscriberBuffer, Limits: limits, Log: log,
 			Prefixes: index.Summary, PrefixInterval: prefixSummaryInterval,
 		}),

@@ -169,7 +169,7 @@ func (kubeconfigFlag) Type() string       { return "string" }
 // DatastoreEndpointCandidates, with the configured spill policy, and starts
 // the federation next to GIE's servers.
 func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, error) {
-	fed, err := r.fed.build(p.Name, p.Datastore, p.Log)
+	fed, err := r.fed.build(p.Name, p.Datastore, r.meter, p.Log)
 	if err != nil {
 		return nil, err
 	}

@@ -30,10 +30,11 @@ type Limits struct {
 
 // DefaultLimits allow a peer 4,096 endpoints in messages of at most 4 MiB; a
 // full snapshot of 4,096 endpoints with a dozen labels each is about 1.5 MiB.
-// A publisher sends at most one message per --federation-publish-interval
-// (50 ms: 20 a second), a few KiB each in steady state; the message rate
-// allows two and a half times that, since every message costs the receiver
-// a pass over the peer's endpoints.
+// A publisher sends a message per --federation-publish-interval (50 ms: 20
+// a second), or, while the requests its picker sends start and end, up to
+// one per --federation-publish-min-gap (25 ms: 40 a second), a few KiB each
+// in steady state; the message rate allows 50, no more, since every message
+// costs the receiver a pass over the peer's endpoints.
 var DefaultLimits = Limits{MaxMessageBytes: 4 << 20, MaxEndpoints: 4096, MaxMessagesPerSecond: 50, MaxBytesPerSecond: 8 << 20}
 
 // rateLimiters return the limiters of a stream's messages and bytes; nil

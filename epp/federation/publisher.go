@@ -37,6 +37,15 @@ type PublisherOptions struct {
 	// Interval is how often local state is compared and changes sent; about
 	// GIE's scrape interval.
 	Interval time.Duration
+	// Load, when set, gives a local endpoint's waiting and running requests
+	// as this picker knows them now (spill.Meter.Load), which are published
+	// instead of the scraped ones. Changed, when set, receives when they may
+	// have changed: local state is then compared and changes sent without
+	// waiting for Interval, but no sooner than MinGap after the last
+	// comparison, so that subscribers get at most a message per MinGap.
+	Load    func(name types.NamespacedName, waiting, running int, scrape time.Time) (int, int)
+	Changed <-chan struct{}
+	MinGap  time.Duration
 	// Heartbeat is the longest a subscriber waits for a message; heartbeats
 	// carry the freshness watermark when nothing changed.
 	Heartbeat time.Duration
@@ -152,16 +161,26 @@ func NewPublisher(opts PublisherOptions) *Publisher {
 		opened: map[string]*rate.Limiter{}, pinged: map[string]*rate.Limiter{}}
 }
 
-// Run compares local state every interval and publishes changes until ctx ends.
+// Run compares local state and publishes changes until ctx ends: Interval
+// after the last comparison, or MinGap after it once Changed received.
 func (p *Publisher) Run(ctx context.Context) error {
-	t := time.NewTicker(p.opts.Interval)
+	last := time.Now()
+	due := last.Add(p.opts.Interval)
+	t := time.NewTimer(p.opts.Interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-p.opts.Changed:
+			if soon := last.Add(p.opts.MinGap); soon.Before(due) {
+				due = soon
+				t.Reset(time.Until(due))
+			}
 		case now := <-t.C:
 			p.tick(now)
+			last, due = now, now.Add(p.opts.Interval)
+			t.Reset(p.opts.Interval)
 		}
 	}
 }
@@ -208,6 +227,7 @@ func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Up
 		if md == nil || m == nil {
 			continue
 		}
+		m = p.current(md.NamespacedName, m)
 		seen[md.NamespacedName] = true
 		if w := p.withheld[md.NamespacedName]; w != nil && w == md {
 			continue
@@ -307,6 +327,21 @@ func (p *Publisher) diff(local []fwkdl.Endpoint, now time.Time) *federationv1.Up
 	u.CurrentUnixNano, u.Lagging = p.watermark(now)
 	p.synced = true
 	return u
+}
+
+// current is m with the waiting and running requests Load gives of the
+// endpoint name, m itself when they are the scraped ones.
+func (p *Publisher) current(name types.NamespacedName, m *fwkdl.Metrics) *fwkdl.Metrics {
+	if p.opts.Load == nil {
+		return m
+	}
+	waiting, running := p.opts.Load(name, m.WaitingQueueSize, m.RunningRequestsSize, m.UpdateTime)
+	if waiting == m.WaitingQueueSize && running == m.RunningRequestsSize {
+		return m
+	}
+	c := m.Clone()
+	c.WaitingQueueSize, c.RunningRequestsSize = waiting, running
+	return c
 }
 
 // dueSummary returns the prefix summary of the local endpoint name to send

@@ -1,12 +1,15 @@
 package federation
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
@@ -182,5 +185,64 @@ func TestAPrefixSummaryNeverCostsAnEndpointItsPlace(t *testing.T) {
 	}
 	if len(p.withheld) != 0 {
 		t.Fatalf("withheld %v", p.withheld)
+	}
+}
+
+// The picker's own view of its pods' load (Load) is what peers get, and a
+// change of it travels without waiting for the interval, but no sooner than
+// the minimum gap after the last message.
+func TestThePickersLoadIsPublishedWhenItChangesAtMostEveryMinGap(t *testing.T) {
+	const minGap = 40 * time.Millisecond
+	var inFlight atomic.Int64
+	changed := make(chan struct{}, 1)
+	pods := &localPods{}
+	pods.set(localPod("a", "127.12.0.1", 1))
+	p := NewPublisher(PublisherOptions{Pool: testPool, Local: pods.list, Interval: time.Hour, Heartbeat: time.Hour, LaggingAfter: time.Hour,
+		Load: func(_ types.NamespacedName, waiting, running int, _ time.Time) (int, int) {
+			return waiting, max(running, int(inFlight.Load())-waiting)
+		},
+		Changed: changed, MinGap: minGap})
+	s := &subscription{ch: make(chan *federationv1.Update, 16), ended: make(chan struct{})}
+	p.mu.Lock()
+	p.subs[s] = struct{}{}
+	p.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = p.Run(ctx) }()
+
+	// receive returns when the next message arrived, failing unless it
+	// carries the pod with waiting and running requests.
+	receive := func(waiting, running uint32) time.Time {
+		t.Helper()
+		select {
+		case u := <-s.ch:
+			if len(u.GetUpserts()) != 1 {
+				t.Fatalf("upserts %v, want the pod's", u.GetUpserts())
+			}
+			m := u.GetUpserts()[0].GetMetrics()
+			if m.GetNumRequestsWaiting() != waiting || m.GetNumRequestsRunning() != running {
+				t.Fatalf("published waiting %d running %d, want %d and %d", m.GetNumRequestsWaiting(), m.GetNumRequestsRunning(), waiting, running)
+			}
+			return time.Now()
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no message with waiting %d running %d", waiting, running)
+		}
+		return time.Time{}
+	}
+	inFlight.Store(3)
+	changed <- struct{}{}
+	first := receive(1, 2)
+	inFlight.Store(5)
+	changed <- struct{}{}
+	second := receive(1, 4)
+	if gap := second.Sub(first); gap < minGap/2 {
+		t.Fatalf("second message %v after the first, want about the minimum gap %v", gap, minGap)
+	}
+	// A signal that changed nothing sends nothing (the heartbeat is an hour).
+	changed <- struct{}{}
+	select {
+	case u := <-s.ch:
+		t.Fatalf("message %v without a change", u)
+	case <-time.After(3 * minGap):
 	}
 }

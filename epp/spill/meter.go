@@ -32,6 +32,9 @@ type Meter struct {
 	// other cluster's gateway and picker in Parent mode), which pings of
 	// the federation stream do not see.
 	paths sync.Map // cluster → *atomic.Int64
+	// changed receives, without blocking, when a request starts or ends:
+	// the load this picker knows of its pods (Load) changed.
+	changed chan struct{}
 }
 
 type podMeter struct {
@@ -54,7 +57,20 @@ type podMeter struct {
 }
 
 // NewMeter returns a meter that has measured nothing yet.
-func NewMeter() *Meter { return &Meter{pods: map[types.NamespacedName]*podMeter{}} }
+func NewMeter() *Meter {
+	return &Meter{pods: map[types.NamespacedName]*podMeter{}, changed: make(chan struct{}, 1)}
+}
+
+// Changed receives after requests start or end, once for any number of
+// them since the last receive.
+func (m *Meter) Changed() <-chan struct{} { return m.changed }
+
+func (m *Meter) signal() {
+	select {
+	case m.changed <- struct{}{}:
+	default:
+	}
+}
 
 func (m *Meter) pod(addr types.NamespacedName) *podMeter {
 	m.mu.RLock()
@@ -86,6 +102,7 @@ func (m *Meter) lookup(addr types.NamespacedName) *podMeter {
 func (m *Meter) Started(addr types.NamespacedName) {
 	if m != nil {
 		m.pod(addr).inflight.Add(1)
+		m.signal()
 	}
 }
 
@@ -107,6 +124,7 @@ func (m *Meter) finished(addr types.NamespacedName, ran span) {
 	}
 	p := m.pod(addr)
 	p.inflight.Add(-1)
+	m.signal()
 	took := ran.end.Sub(ran.start)
 	if took <= 0 {
 		return
@@ -138,6 +156,32 @@ func (p *podMeter) ranAcross(scrape time.Time) int {
 		}
 	}
 	return n
+}
+
+// Load returns a pod's waiting and running requests as this picker knows
+// them now, from the scrape's (taken at scrape): less the requests it saw
+// end since the scrape, or, when more, its own requests in flight to the
+// pod, which include those it sent since. In Parent mode every request to a
+// local pod passes this picker, so for a local pod that is the pod's load
+// without the scrape's lag. The estimate of a local pod reads it, and the
+// federation publishes it, so that peers estimate the pod as this picker
+// does.
+func (m *Meter) Load(addr types.NamespacedName, waiting, running int, scrape time.Time) (int, int) {
+	return m.lookup(addr).load(waiting, running, scrape)
+}
+
+// load is Load for the pod's meter; a nil one leaves the scrape as it is.
+func (p *podMeter) load(waiting, running int, scrape time.Time) (int, int) {
+	if p == nil {
+		return waiting, running
+	}
+	if running > 0 {
+		running = max(running-p.ranAcross(scrape), 0)
+	}
+	if n := int(p.inflight.Load()); n > waiting+running {
+		running = n - waiting
+	}
+	return waiting, running
 }
 
 // sawRunning records a scrape of the pod: running requests at once, and

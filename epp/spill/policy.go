@@ -7,10 +7,11 @@
 //
 //	TTFT ≈ load / service rate + round trip + prefill of the uncached prompt
 //
-// where load is the endpoint's waiting and running requests (less, for a
-// local pod, those this picker saw end since the scrape; or this picker's
-// own requests in flight to it, when more: they may not show in the last
-// scrape yet), the service rate is the endpoint's measured requests per
+// where load is the endpoint's waiting and running requests (for a local
+// pod, Meter.Load: the scrape's, less those this picker saw end since, or
+// its own requests in flight to it, when more; a remote pod's peer
+// publishes that of its own pods, and this picker's own requests in flight
+// to the pod count when more), the service rate is the endpoint's measured requests per
 // second with a full batch (Meter; remote endpoints, which serve the same
 // model, take the local pods' measured rate, and ServiceRate stands in
 // until one is measured), and the round trip is the federation's
@@ -266,19 +267,14 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter, prom
 		}
 		pm := m.lookup(ep.GetMetadata().NamespacedName)
 		rate := p.params.ServiceRate
-		running := mt.RunningRequestsSize
 		if pm != nil {
-			pm.sawRunning(running, mt.WaitingQueueSize)
+			pm.sawRunning(mt.RunningRequestsSize, mt.WaitingQueueSize)
 			if r, ok := pm.rate(); ok {
 				rate = r
 			}
-			// Requests this picker saw end since the scrape no longer run:
-			// an idle pod whose last scrape caught one is idle.
-			if running > 0 {
-				running = max(running-pm.ranAcross(mt.UpdateTime), 0)
-			}
 		}
-		est := wait(mt.WaitingQueueSize, running, pm, rate)
+		waiting, running := pm.load(mt.WaitingQueueSize, mt.RunningRequestsSize, mt.UpdateTime)
+		est := wait(waiting, running, nil, rate)
 		if len(prompt.Hashes) > 0 {
 			matched := 0
 			if held > 0 {

@@ -286,6 +286,66 @@ func TestMeterCountsInFlightAndTimesCompletedRequestsOnly(t *testing.T) {
 	}
 }
 
+// A pod's load as this picker knows it: the scrape's, less what it saw end
+// since, or its own requests in flight when more.
+func TestLoadCorrectsTheScrapeByThePickersOwnRequests(t *testing.T) {
+	scrape := now.Add(-40 * time.Millisecond)
+	before, after := scrape.Add(-300*time.Millisecond), scrape.Add(20*time.Millisecond)
+	for _, tc := range []struct {
+		name             string
+		started          int    // requests this picker sent the pod
+		ended            []span // of them, those that ended, when
+		waiting, running int    // scraped
+		want             [2]int // waiting, running
+	}{
+		{name: "a pod this picker never sent to: the scrape", waiting: 1, running: 3, want: [2]int{1, 3}},
+		{name: "requests sent since the scrape count", started: 3, running: 1, want: [2]int{0, 3}},
+		{name: "sent ones the scrape already shows count once", started: 2, waiting: 1, running: 3, want: [2]int{1, 3}},
+		{name: "one that ended since the scrape no longer runs", started: 2, ended: []span{{before, after}}, running: 2, want: [2]int{0, 1}},
+		{name: "one that ended before the scrape was not in it", started: 2, ended: []span{{before, scrape.Add(-time.Millisecond)}}, running: 2, want: [2]int{0, 2}},
+		{name: "never below nothing running", started: 2, ended: []span{{before, after}, {before, after}}, running: 1, want: [2]int{0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := types.NamespacedName{Name: "a"}
+			m := NewMeter()
+			for range tc.started {
+				m.Started(a)
+			}
+			for _, sp := range tc.ended {
+				m.finished(a, sp)
+			}
+			w, r := m.Load(a, tc.waiting, tc.running, scrape)
+			if got := [2]int{w, r}; got != tc.want {
+				t.Fatalf("Load = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestMeterSignalsEveryStartAndEndOnce(t *testing.T) {
+	a := types.NamespacedName{Name: "a"}
+	m := NewMeter()
+	select {
+	case <-m.Changed():
+		t.Fatal("a change before any request")
+	default:
+	}
+	m.Started(a)
+	m.Started(a)
+	<-m.Changed()
+	select {
+	case <-m.Changed():
+		t.Fatal("two starts since the last receive signalled twice")
+	default:
+	}
+	m.Finished(a, time.Millisecond)
+	select {
+	case <-m.Changed():
+	default:
+		t.Fatal("an end did not signal")
+	}
+}
+
 // A pod's batch size is what ran while requests waited behind it; until a
 // pod has queued, one more than it was ever seen running.
 func TestRateTakesTheBatchSizeOnceAPodQueued(t *testing.T) {

@@ -409,7 +409,11 @@ func (x *EndpointSpec) GetLabels() map[string]string {
 
 type EndpointMetrics struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The vLLM metrics GIE scrapes from a model server.
+	// The vLLM metrics GIE scrapes from a model server. The waiting and
+	// running requests are the publishing picker's view of them now: the
+	// scrape's, less the requests it saw end since, or its own requests in
+	// flight to the pod when more (every request to the pod passes it in
+	// Parent mode).
 	NumRequestsWaiting uint32 `protobuf:"varint,1,opt,name=num_requests_waiting,json=numRequestsWaiting,proto3" json:"num_requests_waiting,omitempty"`
 	NumRequestsRunning uint32 `protobuf:"varint,2,opt,name=num_requests_running,json=numRequestsRunning,proto3" json:"num_requests_running,omitempty"`
 	// KVCacheUsage is the used fraction of the KV cache, from 0 to 1.
