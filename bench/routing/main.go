@@ -134,7 +134,7 @@ var policies = []string{"gie-local", "round-robin", "least-load", "fleetinfer", 
 //   - the estimate decides the crossing (see epp/spill): the default
 //     service rate, 10 requests/s per pod, is what these simulators serve
 //     with a full batch (4 slots, about 400 ms a request) until the picker
-//     has measured it, and the default margin is 40 ms;
+//     has measured it, and the default margin is 20 ms;
 //   - a remote pod with a request waiting (queueDepthThreshold 1) or a KV
 //     cache over 80% full is no candidate: with 4-slot simulators a queue
 //     means a full batch. Local metrics count as fresh for a second (a

@@ -100,7 +100,7 @@ type Params struct {
 
 // DefaultParams are used for parameters left out.
 var DefaultParams = Params{
-	CrossMargin:                     Duration(40 * time.Millisecond),
+	CrossMargin:                     Duration(20 * time.Millisecond),
 	ServiceRate:                     10,
 	QueueDepthThreshold:             5,
 	KVCacheUtilThreshold:            0.8,

@@ -87,7 +87,7 @@ func TestNewRefusesInvalidParameters(t *testing.T) {
 
 // The estimate: wait = load / service rate, plus the round trip for a
 // remote endpoint; a request crosses only to remote endpoints expected
-// sooner than the best local one by the margin (40 ms by default), within
+// sooner than the best local one by the margin (20 ms by default), within
 // the caps. The default service rate is 10 requests/s.
 func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 	type pod struct {
