@@ -85,6 +85,9 @@ const ControllerName gatewayv1.GatewayController = "fleetinfer.io/local-gateway"
 // listeners, borrowed from Istio's conventions.
 const DefaultAdminPort = 15090
 
+// upstreamIdleTimeout is how long an idle upstream connection stays open.
+const upstreamIdleTimeout = time.Hour
+
 // Options configures a gateway.
 type Options struct {
 	// Config reaches the cluster's API server with rights to read the
@@ -203,12 +206,16 @@ func New(opts Options) (*Gateway, error) {
 	// by their source.
 	dialer := &net.Dialer{Timeout: opts.ConnectTimeout, KeepAlive: 30 * time.Second,
 		LocalAddr: &net.TCPAddr{IP: opts.Address.AsSlice()}}
-	// Bodies pass through untouched: no transparent gzip.
+	// Bodies pass through untouched: no transparent gzip. Idle upstream
+	// connections stay open for an hour, Envoy's default for a cluster's
+	// pool (common_http_protocol_options.idle_timeout), which deploy/envoy
+	// does not change: a gateway that closed them sooner would make every
+	// lull cost the next crossings a new connection over the link.
 	g.transport = &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 64,
-		IdleConnTimeout: 90 * time.Second, DisableCompression: true}
+		IdleConnTimeout: upstreamIdleTimeout, DisableCompression: true}
 	var h2c http.Protocols
 	h2c.SetUnencryptedHTTP2(true)
-	g.h2c = &http.Transport{DialContext: dialer.DialContext, Protocols: &h2c, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
+	g.h2c = &http.Transport{DialContext: dialer.DialContext, Protocols: &h2c, IdleConnTimeout: upstreamIdleTimeout, DisableCompression: true}
 	g.cfg.Store(&config{listeners: map[int32]*routeTable{}})
 	return g, nil
 }
