@@ -86,8 +86,8 @@ type deployment struct {
 // deploy creates the scenario's model servers and fleetinfer's federated
 // pool with fedpool (Parent mode where pod networks are isolated, Endpoint
 // mode where they are flat), then the stock pool over the same pods, and
-// warms both paths of every gateway.
-func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig string) (*deployment, error) {
+// warms both paths of every gateway with completions of maxTokens.
+func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig string, maxTokens int) (*deployment, error) {
 	opts := fedpool.Options{Namespace: ns, Pool: fleetPool, EPPConfig: eppConfig}
 	for i, s := range fl.Spokes {
 		opts.Members = append(opts.Members, &fedpool.Member{Cluster: s, Replicas: sc.Replicas[i], SimArgs: sc.simArgs(i),
@@ -125,7 +125,7 @@ func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig str
 			return nil, err
 		}
 	}
-	return d, d.warm(ctx)
+	return d, d.warm(ctx, maxTokens)
 }
 
 // stockEPPPod is the stock picker's pod in cluster s, on its router node. It
@@ -186,10 +186,24 @@ func stockEPPReady(ctx context.Context, fl *fleet.Fleet, s *fleet.Cluster, ns st
 	}
 }
 
+// warmBurst is how many completions warm sends at once through each
+// gateway to fleetinfer's pool: more than the cluster's batch slots, so
+// that its picker crosses with some, about as many at once as a scenario's
+// busiest moments cross.
+const warmBurst = 24
+
 // warm sends a few completions through every gateway to both pools, until
 // each answers: pickers have scraped their pods and connections are open.
-func (d *deployment) warm(ctx context.Context) error {
-	c := newLoadClient(2, 10*time.Second, d.podCluster, nil)
+// Then a burst through each gateway to fleetinfer's pool opens the
+// connections between gateways that its crossings use, as a fleet serving
+// steady traffic holds them (a stock Envoy keeps an idle upstream
+// connection for an hour); without it, whichever run came first on a
+// deployment would pay a connection's handshake over the link on its
+// first crossings, and the other policies' clients pay none. The
+// completions are as long as the run's (maxTokens), so that the pickers'
+// measured service times start at what the run's requests take.
+func (d *deployment) warm(ctx context.Context, maxTokens int) error {
+	c := newLoadClient(maxTokens, 10*time.Second, d.podCluster, nil)
 	for i, s := range d.fl.Spokes {
 		for _, host := range []string{d.pool.Host(), fedpool.Host(stockPool, d.ns)} {
 			r := &entryRouter{gws: gateways{s.GatewayURL()}, host: host}
@@ -208,6 +222,23 @@ func (d *deployment) warm(ctx context.Context) error {
 				return fmt.Errorf("cluster %d: %w", i, err)
 			}
 		}
+	}
+	r := &entryRouter{gws: d.gateways(), host: d.pool.Host()}
+	for i := range d.fl.Spokes {
+		burst := make([]arrival, warmBurst)
+		for j := range burst {
+			burst[j] = arrival{Entry: i, Prompt: fmt.Sprintf("warm up crossings %d %d", i, j), Prefix: -1}
+		}
+		crossed := 0
+		for _, res := range c.runLoad(ctx, r, burst, warmBurst, time.Now()) {
+			if !res.ok() {
+				return fmt.Errorf("cluster %d: warming crossings: %s", i, res.Err)
+			}
+			if res.Served != i {
+				crossed++
+			}
+		}
+		fmt.Printf("  warm-up: %d of %d completions through %s's gateway crossed\n", crossed, warmBurst, d.fl.Spokes[i].Name())
 	}
 	return nil
 }

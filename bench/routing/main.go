@@ -265,7 +265,7 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si i
 			if d == nil {
 				ns := fmt.Sprintf("routing-%d-%d-%d", si, rep, pi)
 				var err error
-				if d, err = deploy(ctx, fl, sc, ns, c.fleetConfig); err != nil {
+				if d, err = deploy(ctx, fl, sc, ns, c.fleetConfig, c.maxTokens); err != nil {
 					return err
 				}
 			}
