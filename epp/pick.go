@@ -151,7 +151,7 @@ func (r pickRecorder) PreRequest(ctx context.Context, req *fwksched.LLMRequest, 
 		return
 	}
 	p.metered, p.metering = p.targets[0].GetMetadata().NamespacedName, true
-	r.meter.Started(p.metered)
+	r.meter.Started(p.metered, p.pickedAt)
 }
 
 // ResponseBody times a request that completed. GIE also calls it, with a
@@ -169,10 +169,6 @@ func (r pickRecorder) finish(p *pick, completed bool) {
 	if r.meter == nil || !p.metering {
 		return
 	}
-	var took time.Duration
-	if completed && p.crossed == "" {
-		took = time.Since(p.pickedAt)
-	}
-	r.meter.Finished(p.metered, took)
+	r.meter.Finished(p.metered, p.pickedAt, completed && p.crossed == "")
 	p.metering = false
 }

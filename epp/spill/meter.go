@@ -2,6 +2,7 @@ package spill
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,15 +40,25 @@ type Meter struct {
 
 type podMeter struct {
 	inflight atomic.Int64
+	mu       sync.Mutex
+	// open holds this picker's requests in flight to the pod: when each
+	// was sent, so that a peer's published load is not read as if it
+	// already counted those sent since (sentSince), and how many were in
+	// flight before it, so that one that waited for a slot is no sample
+	// of the time a request holds one.
+	open []opened
 	// ran holds when the last timed requests at the pod started and ended
 	// (a ring), so that a scrape taken before some of them ended is not
 	// read as if they still ran (ranAcross).
-	mu   sync.Mutex
 	ran  [16]span
 	next int
-	// service is the mean time a request takes at the pod, from the pick
-	// to the end of its response, in ns (each sample moves it a fifth of
-	// the way); 0 before the first.
+	// service is the mean time a request holds a slot of the pod's batch:
+	// from the pick to the end of its response, for requests picked while
+	// the pod had a free slot, in ns (each sample moves it a fifth of the
+	// way); 0 before the first. A request that queued behind a full batch
+	// also took its wait, which a burst would otherwise read as a slower
+	// pod: a lower rate, so a higher estimate for every pod, local and
+	// remote, just when crossing helps most.
 	service atomic.Int64
 	// seen is the most requests seen running at once, and batch the most
 	// seen running while others waited: the pod's batch size (a
@@ -98,41 +109,63 @@ func (m *Meter) lookup(addr types.NamespacedName) *podMeter {
 	return m.pods[addr]
 }
 
-// Started records a request sent to the endpoint addr.
-func (m *Meter) Started(addr types.NamespacedName) {
-	if m != nil {
-		m.pod(addr).inflight.Add(1)
-		m.signal()
+// opened is a request in flight: when it was sent, and how many of this
+// picker's requests were in flight to the pod before it.
+type opened struct {
+	at    time.Time
+	ahead int64
+}
+
+// Started records a request sent to the endpoint addr at at, its pick.
+func (m *Meter) Started(addr types.NamespacedName, at time.Time) {
+	if m == nil {
+		return
 	}
+	p := m.pod(addr)
+	ahead := p.inflight.Add(1) - 1
+	p.mu.Lock()
+	p.open = append(p.open, opened{at: at, ahead: ahead})
+	p.mu.Unlock()
+	m.signal()
 }
 
 // span is when a request at a pod started and ended.
 type span struct{ start, end time.Time }
 
-// Finished records the end of a request Started at addr. took is how long
-// it took from the pick, 0 when it did not complete (an error, a request
-// the client gave up) or did not run on a local pod: such requests are no
-// sample of the pod's service time.
-func (m *Meter) Finished(addr types.NamespacedName, took time.Duration) {
-	end := time.Now()
-	m.finished(addr, span{start: end.Add(-took), end: end})
+// Finished records the end of the request Started at addr at at. sample
+// says whether its time is a sample of the pod's service time: it
+// completed, on a local pod (an error, a request the client gave up or one
+// served in another cluster is none).
+func (m *Meter) Finished(addr types.NamespacedName, at time.Time, sample bool) {
+	m.finished(addr, span{start: at, end: time.Now()}, sample)
 }
 
-func (m *Meter) finished(addr types.NamespacedName, ran span) {
+func (m *Meter) finished(addr types.NamespacedName, ran span, sample bool) {
 	if m == nil {
 		return
 	}
 	p := m.pod(addr)
 	p.inflight.Add(-1)
-	m.signal()
+	p.mu.Lock()
+	// Without a record of it (never Started), the request is taken as
+	// one that had a slot.
+	var o opened
+	if i := slices.IndexFunc(p.open, func(o opened) bool { return o.at.Equal(ran.start) }); i >= 0 {
+		o = p.open[i]
+		p.open = slices.Delete(p.open, i, i+1)
+	} else if len(p.open) > 0 {
+		p.open = p.open[1:]
+	}
 	took := ran.end.Sub(ran.start)
-	if took <= 0 {
+	if sample && took > 0 {
+		p.ran[p.next] = ran
+		p.next = (p.next + 1) % len(p.ran)
+	}
+	p.mu.Unlock()
+	m.signal()
+	if slots := p.batch.Load(); !sample || took <= 0 || slots > 0 && o.ahead >= slots {
 		return
 	}
-	p.mu.Lock()
-	p.ran[p.next] = ran
-	p.next = (p.next + 1) % len(p.ran)
-	p.mu.Unlock()
 	p.service.Store(movedTowards(p.service.Load(), int64(took)))
 	if r, ok := p.rate(); ok {
 		pool := loadFloat(&m.poolRate)
@@ -152,6 +185,20 @@ func (p *podMeter) ranAcross(scrape time.Time) int {
 	n := 0
 	for _, r := range p.ran {
 		if r.start.Before(scrape) && r.end.After(scrape) {
+			n++
+		}
+	}
+	return n
+}
+
+// sentSince is how many of this picker's requests in flight to the pod it
+// sent after t.
+func (p *podMeter) sentSince(t time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, o := range p.open {
+		if o.at.After(t) {
 			n++
 		}
 	}

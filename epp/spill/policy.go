@@ -10,8 +10,9 @@
 // where load is the endpoint's waiting and running requests (for a local
 // pod, Meter.Load: the scrape's, less those this picker saw end since, or
 // its own requests in flight to it, when more; a remote pod's peer
-// publishes that of its own pods, and this picker's own requests in flight
-// to the pod count when more), the service rate is the endpoint's measured requests per
+// publishes that of its own pods, to which this picker adds its requests
+// the peer cannot have seen yet, those sent less than a round trip before
+// the peer vouched for the load), the service rate is the endpoint's measured requests per
 // second with a full batch (Meter; remote endpoints, which serve the same
 // model, take the local pods' measured rate, and ServiceRate stands in
 // until one is measured), and the round trip is the federation's
@@ -206,7 +207,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			}
 			// The view is ordered by queue: once the queue alone puts an
 			// endpoint past the bar, so it does every later one.
-			floor := wait(e.Queue(), 0, nil, poolRate) + cost
+			floor := wait(e.Queue(), poolRate) + cost
 			if (capped && floor >= beat) || (len(top) == k && floor >= top[k-1].est) {
 				break
 			}
@@ -225,10 +226,10 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			}
 			// This picker's own requests in flight to the pod only add to
 			// its load: look them up only for a pod within the bar without.
-			est := wait(e.Queue(), e.Running(), nil, poolRate) + cost + unheld
+			est := wait(e.Queue()+e.Running(), poolRate) + cost + unheld
 			if !capped || est < beat {
 				if pm := m.lookup(e.Endpoint.GetMetadata().NamespacedName); pm != nil {
-					est = wait(e.Queue(), e.Running(), pm, poolRate) + cost + unheld
+					est = wait(pm.remoteLoad(e, v.Origin.RTT()), poolRate) + cost + unheld
 				}
 			}
 			if capped && est >= beat {
@@ -274,7 +275,7 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter, prom
 			}
 		}
 		waiting, running := pm.load(mt.WaitingQueueSize, mt.RunningRequestsSize, mt.UpdateTime)
-		est := wait(waiting, running, nil, rate)
+		est := wait(waiting+running, rate)
 		if len(prompt.Hashes) > 0 {
 			matched := 0
 			if held > 0 {
@@ -319,15 +320,21 @@ func (p *Policy) crossingCost(o *federation.Origin, m *Meter) time.Duration {
 	return o.RTT()
 }
 
-// wait is the expected wait at a pod with the given scraped waiting and
-// running requests, this picker's requests in flight to it (pm, nil
-// without any) and service rate (requests/s with a full batch).
-func wait(waiting, running int, pm *podMeter, rate float64) time.Duration {
-	load := int64(waiting + running)
-	if pm != nil {
-		load = max(load, pm.inflight.Load())
-	}
+// wait is the expected wait at a pod with load waiting and running
+// requests and service rate (requests/s with a full batch).
+func wait(load int, rate float64) time.Duration {
 	return time.Duration(min(float64(load)/rate*float64(time.Second), float64(never/2)))
+}
+
+// remoteLoad is a remote pod's load as this picker knows it: the peer's
+// published load, plus this picker's requests to the pod that the peer
+// cannot have seen when it vouched for that load (those sent less than a
+// round trip, rtt, before e.Updated: the peer's time carried over to this
+// clock, see federation.Entry), or this picker's requests in flight to it,
+// when more.
+func (p *podMeter) remoteLoad(e *federation.Entry, rtt time.Duration) int {
+	load := e.Queue() + e.Running() + p.sentSince(e.Updated.Add(-rtt))
+	return max(load, int(p.inflight.Load()))
 }
 
 // hasRoom is the headroom test.

@@ -118,10 +118,11 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		return func() *Meter {
 			m := NewMeter()
 			for _, n := range names {
-				m.Started(addr(n))
+				start := now.Add(-time.Second - took)
+				m.Started(addr(n), start)
 				m.pod(addr(n)).sawRunning(slots, 1)
 				// Ended before the scrapes, so no scrape counts it running.
-				m.finished(addr(n), span{start: now.Add(-time.Second - took), end: now.Add(-time.Second)})
+				m.finished(addr(n), span{start: start, end: now.Add(-time.Second)}, true)
 			}
 			return m
 		}
@@ -131,8 +132,9 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 	endedAfterScrape := func(age time.Duration, name string) func() *Meter {
 		return func() *Meter {
 			m := NewMeter()
-			m.Started(addr(name))
-			m.finished(addr(name), span{start: now.Add(-age - 50*time.Millisecond), end: now.Add(-age / 2)})
+			start := now.Add(-age - 50*time.Millisecond)
+			m.Started(addr(name), start)
+			m.finished(addr(name), span{start: start, end: now.Add(-age / 2)}, true)
 			return m
 		}
 	}
@@ -141,21 +143,25 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 	ranOneAtATime := func(took time.Duration, name string) func() *Meter {
 		return func() *Meter {
 			m := NewMeter()
-			m.Started(addr(name))
+			start := now.Add(-time.Second - took)
+			m.Started(addr(name), start)
 			m.pod(addr(name)).sawRunning(1, 0)
-			m.finished(addr(name), span{start: now.Add(-time.Second - took), end: now.Add(-time.Second)})
+			m.finished(addr(name), span{start: start, end: now.Add(-time.Second)}, true)
 			return m
 		}
 	}
-	inFlight := func(n int, name string) func() *Meter {
+	// sentAgo is a meter with a request in flight to the named pod sent
+	// each of ago before now.
+	sentAgo := func(name string, ago ...time.Duration) func() *Meter {
 		return func() *Meter {
 			m := NewMeter()
-			for range n {
-				m.Started(addr(name))
+			for _, d := range ago {
+				m.Started(addr(name), now.Add(-d))
 			}
 			return m
 		}
 	}
+	long := time.Second
 	learnPath := func(p *Params) { p.LearnCrossingPath = true }
 	// crossedIn is a meter whose crossed requests to cluster took took to
 	// their response headers.
@@ -201,8 +207,14 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 4, 4, fresh}}, // 200 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 4, fresh})}, want: "w"}, // 130 ms, 430 at 10/s
 		{name: "this picker's requests in flight count when the scrape shows fewer",
-			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 400 ms
+			meter: sentAgo("w", long, long, long, long, long), local: []pod{{"l", 2, 2, fresh}}, // 400 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""}, // 530 ms
+		{name: "a request this picker sent since the peer vouched for a remote pod's load, less a round trip, adds to that load",
+			meter: sentAgo("w", 5*time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 1, fresh})}, want: ""}, // 230 ms, not 130
+		{name: "one sent a round trip before that is in the published load already",
+			meter: sentAgo("w", long), local: []pod{{"l", 0, 2, fresh}},
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 1, fresh})}, want: "w"}, // 130 ms
 		{name: "a scrape that still shows a request this picker saw end: the idle local pod keeps the request",
 			meter: endedAfterScrape(fresh, "l"), local: []pod{{"l", 0, 1, fresh}}, // 0 ms, not 100
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
@@ -254,18 +266,18 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 func TestMeterCountsInFlightAndTimesCompletedRequestsOnly(t *testing.T) {
 	a := types.NamespacedName{Name: "a"}
 	m := NewMeter()
-	m.Started(a)
-	m.Started(a)
-	m.Finished(a, 0) // did not complete: no sample
-	if p := m.lookup(a); p.inflight.Load() != 1 || p.service.Load() != 0 {
-		t.Fatalf("in flight %d, service %v; want 1 and none", p.inflight.Load(), p.service.Load())
+	m.Started(a, now)
+	m.Started(a, now)
+	m.Finished(a, now, false) // did not complete: no sample
+	if p := m.lookup(a); p.inflight.Load() != 1 || p.sentSince(now.Add(-time.Millisecond)) != 1 || p.service.Load() != 0 {
+		t.Fatalf("in flight %d (%d sent since), service %v; want 1 and none", p.inflight.Load(), p.sentSince(now.Add(-time.Millisecond)), p.service.Load())
 	}
 	if _, ok := m.PoolRate(); ok {
 		t.Fatal("pool rate without a sample")
 	}
 	m.pod(a).sawRunning(4, 1)
 	m.pod(a).sawRunning(2, 0)
-	m.Finished(a, 200*time.Millisecond)
+	m.finished(a, span{start: now.Add(-200 * time.Millisecond), end: now}, true)
 	if r, ok := m.lookup(a).rate(); !ok || r != 20 {
 		t.Fatalf("rate %v, want a batch of 4 over 200 ms = 20/s", r)
 	}
@@ -273,16 +285,41 @@ func TestMeterCountsInFlightAndTimesCompletedRequestsOnly(t *testing.T) {
 		t.Fatalf("pool rate %v, want 20", r)
 	}
 	// Each sample moves the service time a fifth of the way.
-	m.Started(a)
-	m.Finished(a, 700*time.Millisecond)
+	m.Started(a, now.Add(-700*time.Millisecond))
+	m.finished(a, span{start: now.Add(-700 * time.Millisecond), end: now}, true)
 	if got := time.Duration(m.lookup(a).service.Load()); got != 300*time.Millisecond {
 		t.Fatalf("service time %v, want 300ms", got)
 	}
 	var nilMeter *Meter
-	nilMeter.Started(a)
-	nilMeter.Finished(a, time.Second)
+	nilMeter.Started(a, now)
+	nilMeter.Finished(a, now, true)
 	if nilMeter.lookup(a) != nil {
 		t.Fatal("a nil meter measured")
+	}
+}
+
+// A request picked behind a full batch waited for a slot before it held
+// one: its time from the pick says how long the queue was, not how fast the
+// pod serves.
+func TestARequestPickedBehindAFullBatchIsNoSampleOfTheServiceTime(t *testing.T) {
+	a := types.NamespacedName{Name: "a"}
+	m := NewMeter()
+	m.pod(a).sawRunning(4, 1) // a batch of 4
+	starts := make([]time.Time, 5)
+	for i := range starts {
+		starts[i] = now.Add(time.Duration(i) * time.Millisecond)
+		m.Started(a, starts[i])
+	}
+	m.finished(a, span{start: starts[4], end: starts[4].Add(900 * time.Millisecond)}, true)
+	if got := m.lookup(a).service.Load(); got != 0 {
+		t.Fatalf("service time %v after the fifth request, want none", time.Duration(got))
+	}
+	m.finished(a, span{start: starts[0], end: starts[0].Add(400 * time.Millisecond)}, true)
+	if got := time.Duration(m.lookup(a).service.Load()); got != 400*time.Millisecond {
+		t.Fatalf("service time %v after the first request, want 400ms", got)
+	}
+	if got := m.lookup(a).inflight.Load(); got != 3 {
+		t.Fatalf("%d in flight, want 3", got)
 	}
 }
 
@@ -309,10 +346,10 @@ func TestLoadCorrectsTheScrapeByThePickersOwnRequests(t *testing.T) {
 			a := types.NamespacedName{Name: "a"}
 			m := NewMeter()
 			for range tc.started {
-				m.Started(a)
+				m.Started(a, before)
 			}
 			for _, sp := range tc.ended {
-				m.finished(a, sp)
+				m.finished(a, sp, true)
 			}
 			w, r := m.Load(a, tc.waiting, tc.running, scrape)
 			if got := [2]int{w, r}; got != tc.want {
@@ -330,15 +367,15 @@ func TestMeterSignalsEveryStartAndEndOnce(t *testing.T) {
 		t.Fatal("a change before any request")
 	default:
 	}
-	m.Started(a)
-	m.Started(a)
+	m.Started(a, now)
+	m.Started(a, now)
 	<-m.Changed()
 	select {
 	case <-m.Changed():
 		t.Fatal("two starts since the last receive signalled twice")
 	default:
 	}
-	m.Finished(a, time.Millisecond)
+	m.Finished(a, now, true)
 	select {
 	case <-m.Changed():
 	default:
