@@ -136,7 +136,9 @@ type Gateway struct {
 	rr        sync.Map // string -> *atomic.Uint64
 	transport *http.Transport
 	h2c       *http.Transport
-	allowed   []netip.Prefix
+	// dst holds the pools of the destinations pickers choose.
+	dst     *originalDst
+	allowed []netip.Prefix
 
 	cache  cache.Cache
 	client client.Client
@@ -209,13 +211,19 @@ func New(opts Options) (*Gateway, error) {
 	// Bodies pass through untouched: no transparent gzip. Idle upstream
 	// connections stay open for an hour, Envoy's default for a cluster's
 	// pool (common_http_protocol_options.idle_timeout), which deploy/envoy
-	// does not change: a gateway that closed them sooner would make every
-	// lull cost the next crossings a new connection over the link.
-	g.transport = &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 64,
-		IdleConnTimeout: upstreamIdleTimeout, DisableCompression: true}
-	var h2c http.Protocols
-	h2c.SetUnencryptedHTTP2(true)
-	g.h2c = &http.Transport{DialContext: dialer.DialContext, Protocols: &h2c, IdleConnTimeout: upstreamIdleTimeout, DisableCompression: true}
+	// does not change; the pickers' destinations are also dropped as
+	// Envoy's ORIGINAL_DST cluster drops them (originalDst).
+	newTransport := func(useH2C bool) *http.Transport {
+		t := &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 64,
+			IdleConnTimeout: upstreamIdleTimeout, DisableCompression: true}
+		if useH2C {
+			var p http.Protocols
+			p.SetUnencryptedHTTP2(true)
+			t.Protocols = &p
+		}
+		return t
+	}
+	g.transport, g.h2c, g.dst = newTransport(false), newTransport(true), newOriginalDst(newTransport)
 	g.cfg.Store(&config{listeners: map[int32]*routeTable{}})
 	return g, nil
 }
@@ -268,10 +276,16 @@ func (g *Gateway) Start(ctx context.Context) error {
 	}
 	g.ready.Store(true)
 	g.cancel, g.done = cancel, make(chan struct{})
+	sweeps := make(chan struct{})
+	go func() {
+		defer close(sweeps)
+		g.dst.run(runCtx, originalDstCleanup)
+	}()
 	go func() {
 		defer close(g.done)
 		g.loop(runCtx)
 		<-cacheDone
+		<-sweeps
 	}()
 	return nil
 }
@@ -490,6 +504,7 @@ func (g *Gateway) Stop() {
 	g.epps.closeAll()
 	g.transport.CloseIdleConnections()
 	g.h2c.CloseIdleConnections()
+	g.dst.closeIdle()
 }
 
 // URL is the base URL of the Gateway's first programmed HTTP listener, ""

@@ -187,7 +187,7 @@ func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Requ
 	build := func(int) *outbound {
 		h := p.Header.Clone()
 		modifyHeaders(h, b.filters.requestHeaders)
-		return &outbound{method: p.Method, uri: path, host: host, header: h, body: p.Body, h2c: pool.h2c}
+		return &outbound{method: p.Method, uri: path, host: host, header: h, body: p.Body, h2c: pool.h2c, originalDst: true}
 	}
 	resp := g.forward(ctx, w, rec, targets, build, e.action.backendTimeout, b.label)
 	if resp == nil {
@@ -325,6 +325,9 @@ type outbound struct {
 	header            http.Header
 	body              []byte
 	h2c               bool
+	// originalDst marks a picker's destination, which goes through its
+	// host's pool in Gateway.dst.
+	originalDst bool
 }
 
 // errNotAllowed marks a destination outside Options.AllowedTargets.
@@ -376,18 +379,22 @@ func (g *Gateway) roundTrip(ctx context.Context, targets []string, build func(in
 		if len(o.body) == 0 {
 			req.Body, req.GetBody, req.ContentLength = http.NoBody, nil, 0
 		}
-		tr := g.transport
-		if o.h2c {
+		tr, release := g.transport, func() {}
+		switch {
+		case o.originalDst:
+			tr, release = g.dst.acquire(t, o.h2c)
+		case o.h2c:
 			tr = g.h2c
 		}
 		start := time.Now()
 		resp, err := tr.RoundTrip(req)
 		if err == nil {
 			g.metrics.upstreamHeaders.WithLabelValues(label).Observe(time.Since(start).Seconds())
-			resp.Body = &timedBody{ReadCloser: resp.Body, start: start, cancel: cancel,
+			resp.Body = &timedBody{ReadCloser: resp.Body, start: start, cancel: cancel, release: release,
 				observe: g.metrics.upstreamDuration.WithLabelValues(label).Observe}
 			return resp, t, nil
 		}
+		release()
 		cancel()
 		last = fmt.Errorf("%s: %w", t, err)
 		if !connectFailed(err) {
@@ -417,21 +424,25 @@ func connectFailed(err error) bool {
 }
 
 // timedBody records the upstream duration when the body is done and
-// releases the attempt's timeout.
+// releases the attempt's timeout and its use of the host's pool (after the
+// connection went back to it, so that a sweep never leaves one behind).
 type timedBody struct {
 	io.ReadCloser
 	start   time.Time
 	cancel  context.CancelFunc
+	release func()
 	observe func(float64)
 	done    atomic.Bool
 }
 
 func (b *timedBody) Close() error {
+	err := b.ReadCloser.Close()
 	if !b.done.Swap(true) {
 		b.observe(time.Since(b.start).Seconds())
 		b.cancel()
+		b.release()
 	}
-	return b.ReadCloser.Close()
+	return err
 }
 
 // respond passes the upstream response through the picker's response phase
