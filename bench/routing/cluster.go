@@ -186,22 +186,10 @@ func stockEPPReady(ctx context.Context, fl *fleet.Fleet, s *fleet.Cluster, ns st
 	}
 }
 
-// warmBurst is how many completions warm sends at once through each
-// gateway to fleetinfer's pool: more than the cluster's batch slots, so
-// that its picker crosses with some, about as many at once as a scenario's
-// busiest moments cross.
-const warmBurst = 24
-
 // warm sends a few completions through every gateway to both pools, until
 // each answers: pickers have scraped their pods and connections are open.
-// Then a burst through each gateway to fleetinfer's pool opens the
-// connections between gateways that its crossings use, as a fleet serving
-// steady traffic holds them (a stock Envoy keeps an idle upstream
-// connection for an hour); without it, whichever run came first on a
-// deployment would pay a connection's handshake over the link on its
-// first crossings, and the other policies' clients pay none. The
-// completions are as long as the run's (maxTokens), so that the pickers'
-// measured service times start at what the run's requests take.
+// The completions are as long as the run's (maxTokens), so that the
+// pickers' measured service times start at what the run's requests take.
 func (d *deployment) warm(ctx context.Context, maxTokens int) error {
 	c := newLoadClient(maxTokens, 10*time.Second, d.podCluster, nil)
 	for i, s := range d.fl.Spokes {
@@ -223,24 +211,43 @@ func (d *deployment) warm(ctx context.Context, maxTokens int) error {
 			}
 		}
 	}
+	return nil
+}
+
+// crossingBurst is how many completions warmCrossings sends at once
+// through each gateway: more than a cluster's batch slots, so that its
+// picker crosses with some, about as many at once as a scenario's busiest
+// moments cross.
+const crossingBurst = 24
+
+// warmCrossings sends a burst of completions of maxTokens through each
+// gateway to fleetinfer's pool, right before one of its runs, and returns
+// how many of each burst crossed. A fleet serving steady traffic holds
+// connections open between its gateways; between this benchmark's runs of
+// fleetinfer, other policies run for a minute and more, long enough for a
+// gateway to drop the other gateways' hosts as Envoy's ORIGINAL_DST
+// cluster does (5 s unused). Without the burst a run would pay a
+// connection's handshake over the link on its first crossings, which the
+// other policies' clients never pay.
+func (d *deployment) warmCrossings(ctx context.Context, maxTokens int) ([]int, error) {
+	c := newLoadClient(maxTokens, 10*time.Second, d.podCluster, nil)
 	r := &entryRouter{gws: d.gateways(), host: d.pool.Host()}
+	crossed := make([]int, len(d.fl.Spokes))
 	for i := range d.fl.Spokes {
-		burst := make([]arrival, warmBurst)
+		burst := make([]arrival, crossingBurst)
 		for j := range burst {
 			burst[j] = arrival{Entry: i, Prompt: fmt.Sprintf("warm up crossings %d %d", i, j), Prefix: -1}
 		}
-		crossed := 0
-		for _, res := range c.runLoad(ctx, r, burst, warmBurst, time.Now()) {
+		for _, res := range c.runLoad(ctx, r, burst, crossingBurst, time.Now()) {
 			if !res.ok() {
-				return fmt.Errorf("cluster %d: warming crossings: %s", i, res.Err)
+				return nil, fmt.Errorf("%s: warming crossings: %s", d.fl.Spokes[i].Name(), res.Err)
 			}
 			if res.Served != i {
-				crossed++
+				crossed[i]++
 			}
 		}
-		fmt.Printf("  warm-up: %d of %d completions through %s's gateway crossed\n", crossed, warmBurst, d.fl.Spokes[i].Name())
 	}
-	return nil
+	return crossed, nil
 }
 
 // gateways are the spokes' gateway URLs now.

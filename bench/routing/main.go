@@ -276,6 +276,13 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si i
 					return err
 				}
 			}
+			if pol == "fleetinfer" {
+				crossed, err := d.warmCrossings(ctx, c.maxTokens)
+				if err != nil {
+					return err
+				}
+				fmt.Printf("  %-12s warm-up: of %d completions through each gateway, %v crossed\n", pol, crossingBurst, crossed)
+			}
 			before, err := d.pickerCounts(ctx, pol)
 			if err != nil {
 				return err
