@@ -42,10 +42,8 @@ type podMeter struct {
 	inflight atomic.Int64
 	mu       sync.Mutex
 	// open holds this picker's requests in flight to the pod: when each
-	// was sent, so that a peer's published load is not read as if it
-	// already counted those sent since (sentSince), and how many were in
-	// flight before it, so that one that waited for a slot is no sample
-	// of the time a request holds one.
+	// was sent, and how many were in flight before it, so that one that
+	// waited for a slot is no sample of the time a request holds one.
 	open []opened
 	// ran holds when the last timed requests at the pod started and ended
 	// (a ring), so that a scrape taken before some of them ended is not
@@ -185,20 +183,6 @@ func (p *podMeter) ranAcross(scrape time.Time) int {
 	n := 0
 	for _, r := range p.ran {
 		if r.start.Before(scrape) && r.end.After(scrape) {
-			n++
-		}
-	}
-	return n
-}
-
-// sentSince is how many of this picker's requests in flight to the pod it
-// sent after t.
-func (p *podMeter) sentSince(t time.Time) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, o := range p.open {
-		if o.at.After(t) {
 			n++
 		}
 	}

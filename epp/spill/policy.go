@@ -10,9 +10,8 @@
 // where load is the endpoint's waiting and running requests (for a local
 // pod, Meter.Load: the scrape's, less those this picker saw end since, or
 // its own requests in flight to it, when more; a remote pod's peer
-// publishes that of its own pods, to which this picker adds its requests
-// the peer cannot have seen yet, those sent less than a round trip before
-// the peer vouched for the load), the service rate is the endpoint's measured requests per
+// publishes that of its own pods, and this picker's own requests in flight
+// to the pod count when more), the service rate is the endpoint's measured requests per
 // second with a full batch (Meter; remote endpoints, which serve the same
 // model, take the local pods' measured rate, and ServiceRate stands in
 // until one is measured), and the round trip is the federation's
@@ -229,7 +228,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			est := wait(e.Queue()+e.Running(), poolRate) + cost + unheld
 			if !capped || est < beat {
 				if pm := m.lookup(e.Endpoint.GetMetadata().NamespacedName); pm != nil {
-					est = wait(pm.remoteLoad(e, v.Origin.RTT()), poolRate) + cost + unheld
+					est = wait(max(e.Queue()+e.Running(), int(pm.inflight.Load())), poolRate) + cost + unheld
 				}
 			}
 			if capped && est >= beat {
@@ -324,17 +323,6 @@ func (p *Policy) crossingCost(o *federation.Origin, m *Meter) time.Duration {
 // requests and service rate (requests/s with a full batch).
 func wait(load int, rate float64) time.Duration {
 	return time.Duration(min(float64(load)/rate*float64(time.Second), float64(never/2)))
-}
-
-// remoteLoad is a remote pod's load as this picker knows it: the peer's
-// published load, plus this picker's requests to the pod that the peer
-// cannot have seen when it vouched for that load (those sent less than a
-// round trip, rtt, before e.Updated: the peer's time carried over to this
-// clock, see federation.Entry), or this picker's requests in flight to it,
-// when more.
-func (p *podMeter) remoteLoad(e *federation.Entry, rtt time.Duration) int {
-	load := e.Queue() + e.Running() + p.sentSince(e.Updated.Add(-rtt))
-	return max(load, int(p.inflight.Load()))
 }
 
 // hasRoom is the headroom test.
