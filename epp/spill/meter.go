@@ -40,7 +40,8 @@ type Meter struct {
 
 type podMeter struct {
 	inflight atomic.Int64
-	mu       sync.Mutex
+	// mu guards open and ran.
+	mu sync.Mutex
 	// open holds this picker's requests in flight to the pod: when each
 	// was sent, and how many were in flight before it, so that one that
 	// waited for a slot is no sample of the time a request holds one.

@@ -150,18 +150,15 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			return m
 		}
 	}
-	// sentAgo is a meter with a request in flight to the named pod sent
-	// each of ago before now.
-	sentAgo := func(name string, ago ...time.Duration) func() *Meter {
+	inFlight := func(n int, name string) func() *Meter {
 		return func() *Meter {
 			m := NewMeter()
-			for _, d := range ago {
-				m.Started(addr(name), now.Add(-d))
+			for range n {
+				m.Started(addr(name), now.Add(-time.Second))
 			}
 			return m
 		}
 	}
-	long := time.Second
 	learnPath := func(p *Params) { p.LearnCrossingPath = true }
 	// crossedIn is a meter whose crossed requests to cluster took took to
 	// their response headers.
@@ -207,7 +204,7 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 4, 4, fresh}}, // 200 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 4, fresh})}, want: "w"}, // 130 ms, 430 at 10/s
 		{name: "this picker's requests in flight count when the scrape shows fewer",
-			meter: sentAgo("w", long, long, long, long, long), local: []pod{{"l", 2, 2, fresh}}, // 400 ms
+			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 400 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""}, // 530 ms
 		{name: "a scrape that still shows a request this picker saw end: the idle local pod keeps the request",
 			meter: endedAfterScrape(fresh, "l"), local: []pod{{"l", 0, 1, fresh}}, // 0 ms, not 100

@@ -48,7 +48,7 @@ func newOriginalDst(newTransport func(h2c bool) *http.Transport) *originalDst {
 }
 
 // acquire returns the pool of the host addr (ip:port) for one request, and
-// the function that ends that request's use of it.
+// the function that ends that request's use of it, to be called once.
 func (o *originalDst) acquire(addr string, h2c bool) (*http.Transport, func()) {
 	k := dstKey{addr: addr, h2c: h2c}
 	o.mu.Lock()
@@ -60,13 +60,10 @@ func (o *originalDst) acquire(addr string, h2c bool) (*http.Transport, func()) {
 	}
 	h.used = true
 	h.inflight++
-	var once sync.Once
 	return h.tr, func() {
-		once.Do(func() {
-			o.mu.Lock()
-			h.inflight--
-			o.mu.Unlock()
-		})
+		o.mu.Lock()
+		h.inflight--
+		o.mu.Unlock()
 	}
 }
 
