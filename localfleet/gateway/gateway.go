@@ -213,8 +213,8 @@ func New(opts Options) (*Gateway, error) {
 	// pool (common_http_protocol_options.idle_timeout), which deploy/envoy
 	// does not change; the pickers' destinations are also dropped as
 	// Envoy's ORIGINAL_DST cluster drops them (originalDst).
-	newTransport := func(useH2C bool) *http.Transport {
-		t := &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 64,
+	newTransport := func(useH2C bool, dial dialFunc) *http.Transport {
+		t := &http.Transport{DialContext: dial, MaxIdleConnsPerHost: 64,
 			IdleConnTimeout: upstreamIdleTimeout, DisableCompression: true}
 		if useH2C {
 			var p http.Protocols
@@ -223,7 +223,10 @@ func New(opts Options) (*Gateway, error) {
 		}
 		return t
 	}
-	g.transport, g.h2c, g.dst = newTransport(false), newTransport(true), newOriginalDst(newTransport)
+	toBackend := counted(dialer.DialContext, g.metrics.upstreamConnections.WithLabelValues("backend"))
+	toPicked := counted(dialer.DialContext, g.metrics.upstreamConnections.WithLabelValues("picked"))
+	g.transport, g.h2c = newTransport(false, toBackend), newTransport(true, toBackend)
+	g.dst = newOriginalDst(func(useH2C bool) *http.Transport { return newTransport(useH2C, toPicked) })
 	g.cfg.Store(&config{listeners: map[int32]*routeTable{}})
 	return g, nil
 }

@@ -1,6 +1,11 @@
 package gateway
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"context"
+	"net"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the gateway's Prometheus series. Every gateway has its own
 // registry, without process collectors: the local fleet runs several
@@ -30,6 +35,11 @@ type metrics struct {
 	// destinations counts picks by where they led: local, or remote
 	// (another cluster's pod or gateway).
 	destinations *prometheus.CounterVec
+	// upstreamConnections counts upstream connections opened, as Envoy's
+	// upstream_cx_total does per cluster: to a route's backend, or to a
+	// picker's destination (the ORIGINAL_DST cluster), where a crossing
+	// that opens one pays the link's round trip for it.
+	upstreamConnections *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -61,7 +71,25 @@ func newMetrics() *metrics {
 		destinations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_epp_destinations_total",
 			Help: "Endpoint picker destinations used, by kind: local, or remote (another cluster's pod or gateway)."},
 			[]string{"pool", "kind"}),
+		upstreamConnections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_upstream_connections_total",
+			Help: "Upstream connections opened, by upstream: backend (a route's backend) or picked (an endpoint picker's destination)."},
+			[]string{"upstream"}),
 	}
-	m.registry.MustRegister(m.requests, m.duration, m.upstreamHeaders, m.upstreamDuration, m.pick, m.failOpen, m.fallbacks, m.destinations)
+	m.registry.MustRegister(m.requests, m.duration, m.upstreamHeaders, m.upstreamDuration, m.pick, m.failOpen, m.fallbacks, m.destinations,
+		m.upstreamConnections)
 	return m
+}
+
+// dialFunc is how a transport dials.
+type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// counted returns dial, counting each connection it opens in opened.
+func counted(dial dialFunc, opened prometheus.Counter) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err == nil {
+			opened.Inc()
+		}
+		return c, err
+	}
 }

@@ -8,12 +8,15 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // A picker's destination keeps its connections while requests go to it at
 // least once a cleanup interval, and loses them, as Envoy's ORIGINAL_DST
 // host does, after an interval without one; a host with a request in
-// flight is kept.
+// flight is kept. The gateway's counter of connections opened sees each.
 func TestADestinationUnusedForACleanupIntervalLosesItsConnections(t *testing.T) {
 	var opened atomic.Int32
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -27,7 +30,9 @@ func TestADestinationUnusedForACleanupIntervalLosesItsConnections(t *testing.T) 
 	srv.Start()
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	o := newOriginalDst(func(bool) *http.Transport { return &http.Transport{} })
+	counter := prometheus.NewCounter(prometheus.CounterOpts{Name: "opened"})
+	dial := counted((&net.Dialer{}).DialContext, counter)
+	o := newOriginalDst(func(bool) *http.Transport { return &http.Transport{DialContext: dial} })
 	defer o.closeIdle()
 	get := func() {
 		t.Helper()
@@ -57,6 +62,9 @@ func TestADestinationUnusedForACleanupIntervalLosesItsConnections(t *testing.T) 
 		get()
 		if got := opened.Load(); got != s.want {
 			t.Fatalf("%s: %d connections opened, want %d", s.name, got, s.want)
+		}
+		if got := testutil.ToFloat64(counter); got != float64(s.want) {
+			t.Fatalf("%s: the gateway counted %v connections opened, want %d", s.name, got, s.want)
 		}
 	}
 
