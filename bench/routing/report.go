@@ -79,6 +79,11 @@ type runResult struct {
 	// FederationKiBps is the federation traffic from one picker to one
 	// peer, KiB per second of the run (addPickerCounts); fleetinfer only.
 	FederationKiBps *float64 `json:"federation_kib_per_s_per_peer,omitempty"`
+	// ConnectionsOpened is how many connections the gateways opened to
+	// the pickers' destinations during the run
+	// (fleetinfer_gateway_upstream_connections_total); fleetinfer only.
+	// A crossing that opens one pays an extra round trip over its link.
+	ConnectionsOpened *int `json:"gateway_connections_opened,omitempty"`
 	// Served counts completed requests per serving cluster.
 	Served   []int          `json:"served_per_cluster"`
 	ErrKinds map[string]int `json:"errors_by_kind,omitempty"`
@@ -207,8 +212,9 @@ type summary struct {
 	// of the runs' (absent for policies other than fleetinfer).
 	ForwardedTwice int      `json:"forwarded_twice"`
 	RemoteAgeP99Ms *float64 `json:"remote_age_p99_ms,omitempty"`
-	// FederationKiBps is the median of the runs'.
-	FederationKiBps *float64 `json:"federation_kib_per_s_per_peer,omitempty"`
+	// FederationKiBps and ConnectionsOpened are the medians of the runs'.
+	FederationKiBps   *float64 `json:"federation_kib_per_s_per_peer,omitempty"`
+	ConnectionsOpened *float64 `json:"gateway_connections_opened,omitempty"`
 	// Local and Across hold the medians of the runs' p50 and p99 (of runs
 	// with such requests) and the requests of all runs.
 	Local  split `json:"served_where_entered"`
@@ -243,7 +249,7 @@ func (r *results) summarize() {
 		groups[k] = append(groups[k], run)
 	}
 	for _, k := range order {
-		var p50s, p99s, tp, gp, slo, cross, hit, errs, load, lag, age, fed []float64
+		var p50s, p99s, tp, gp, slo, cross, hit, errs, load, lag, age, fed, opened []float64
 		twice := 0
 		for _, run := range groups[k] {
 			p50s, p99s = append(p50s, run.P50Ms), append(p99s, run.P99Ms)
@@ -258,6 +264,9 @@ func (r *results) summarize() {
 			if run.FederationKiBps != nil {
 				fed = append(fed, *run.FederationKiBps)
 			}
+			if run.ConnectionsOpened != nil {
+				opened = append(opened, float64(*run.ConnectionsOpened))
+			}
 		}
 		s := summary{Scenario: k.sc, Policy: k.pol, P50Ms: stats.Median(p50s), P99Ms: stats.Median(p99s), Throughput: stats.Median(tp),
 			Goodput: stats.Median(gp), WithinSLO: stats.Median(slo), CrossShare: stats.Median(cross), CacheHit: stats.Median(hit), ErrorShare: stats.Median(errs),
@@ -269,6 +278,10 @@ func (r *results) summarize() {
 		if len(age) > 0 {
 			m := stats.Median(age)
 			s.RemoteAgeP99Ms = &m
+		}
+		if len(opened) > 0 {
+			m := stats.Median(opened)
+			s.ConnectionsOpened = &m
 		}
 		if len(fed) > 0 {
 			m := stats.Median(fed)
@@ -575,6 +588,17 @@ func (r *results) splitTable() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", m.Scenario, m.Policy, cell(m.Local), cell(m.Across))
 	}
 	b.WriteString("\n")
+	var opened []string
+	for _, m := range r.Summary {
+		if m.ConnectionsOpened != nil {
+			opened = append(opened, fmt.Sprintf("%s %.0f", m.Scenario, *m.ConnectionsOpened))
+		}
+	}
+	if len(opened) > 0 {
+		fmt.Fprintf(&b, "Connections fleetinfer's gateways opened to the pickers' destinations (local pods, other clusters' gateways) during a run, "+
+			"the median over the runs (`fleetinfer_gateway_upstream_connections_total{upstream=\"picked\"}`; a crossing that opens one pays its link's "+
+			"round trip once more): %s.\n\n", strings.Join(opened, ", "))
+	}
 	return b.String()
 }
 

@@ -325,11 +325,12 @@ func TestBarsAreJudgedOnTheMedians(t *testing.T) {
 	}
 }
 
-func TestRemoteAgeAndForwardsTwiceFromThePickersCounts(t *testing.T) {
-	before := pickerCounts{0: {remotePicks: 10, lag: map[float64]float64{0.05: 5, 0.1: 10, math.Inf(1): 10}},
-		1: {remotePicks: 0, lag: map[float64]float64{0.05: 0, 0.1: 0, math.Inf(1): 0}}}
-	after := pickerCounts{0: {remotePicks: 30, lag: map[float64]float64{0.05: 5, 0.1: 110, math.Inf(1): 110}},
-		1: {remotePicks: 5, lag: map[float64]float64{0.05: 0, 0.1: 0, math.Inf(1): 0}}}
+func TestRemoteAgeForwardsTwiceAndConnectionsOpenedFromThePickersCounts(t *testing.T) {
+	before := pickerCounts{0: {remotePicks: 10, lag: map[float64]float64{0.05: 5, 0.1: 10, math.Inf(1): 10}, opened: 40},
+		1: {remotePicks: 0, lag: map[float64]float64{0.05: 0, 0.1: 0, math.Inf(1): 0}, opened: 7}}
+	after := pickerCounts{0: {remotePicks: 30, lag: map[float64]float64{0.05: 5, 0.1: 110, math.Inf(1): 110}, opened: 43},
+		1: {remotePicks: 5, lag: map[float64]float64{0.05: 0, 0.1: 0, math.Inf(1): 0}, opened: 8},
+		2: {opened: 100}}
 	r := runResult{Crossed: 22, Errors: 1}
 	r.addPickerCounts(before, after)
 	// 25 remote picks for 22 crossed requests and 1 failure: 2 twice.
@@ -340,9 +341,13 @@ func TestRemoteAgeAndForwardsTwiceFromThePickersCounts(t *testing.T) {
 	if r.RemoteAgeP99Ms == nil || math.Abs(*r.RemoteAgeP99Ms-99.5) > 0.01 {
 		t.Errorf("remote age p99 %v, want 99.5 ms", r.RemoteAgeP99Ms)
 	}
+	// 3 and 1 opened by the gateways counted before and after the run.
+	if r.ConnectionsOpened == nil || *r.ConnectionsOpened != 4 {
+		t.Errorf("connections opened %v, want 4", r.ConnectionsOpened)
+	}
 	var none runResult
 	none.addPickerCounts(nil, nil)
-	if none.RemoteAgeP99Ms != nil || none.ForwardedTwice != 0 {
+	if none.RemoteAgeP99Ms != nil || none.ForwardedTwice != 0 || none.ConnectionsOpened != nil {
 		t.Errorf("without counts: %+v", none)
 	}
 }

@@ -155,10 +155,14 @@ type pickerCount struct {
 	remotePicks float64
 	lag         map[float64]float64
 	sent        map[string]float64
+	// opened is the connections the picker's gateway opened to pickers'
+	// destinations (local pods and, in Parent mode, other gateways).
+	opened float64
 }
 
-// pickerCounts scrapes fleetinfer's pickers; none for other policies. A
-// picker that does not answer (its cluster lost) is left out.
+// pickerCounts scrapes fleetinfer's pickers and their gateways; none for
+// other policies. A picker or gateway that does not answer (its cluster
+// lost) is left out.
 func (d *deployment) pickerCounts(ctx context.Context, pol string) (pickerCounts, error) {
 	if pol != "fleetinfer" {
 		return nil, nil
@@ -192,6 +196,15 @@ func (d *deployment) pickerCounts(ctx context.Context, pol string) (pickerCounts
 				}
 			}
 		}
+		if m.Cluster.Gateway != nil {
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			series, err := metrics.Scrape(sctx, m.Cluster.Gateway.MetricsURL())
+			cancel()
+			if err != nil {
+				continue
+			}
+			pc.opened = series[`fleetinfer_gateway_upstream_connections_total{upstream="picked"}`]
+		}
 		out[i] = pc
 	}
 	if len(out) == 0 {
@@ -212,9 +225,10 @@ func label(series, k string) (string, bool) {
 
 // addPickerCounts records, from fleetinfer's pickers' counts before and
 // after the run (those that answered both times), the requests forwarded
-// twice, the age of remote data at pick time and the federation bytes a
+// twice, the age of remote data at pick time, the federation bytes a
 // picker sent a peer per second of the run (its pods' state and prefix
-// summaries), the mean over the streams.
+// summaries), the mean over the streams, and the connections the gateways
+// opened to the pickers' destinations.
 //
 // Every request a picker sends to another cluster is one remote pick, and
 // the picker there, seeing its verified marks, picks locally; a request
@@ -226,7 +240,7 @@ func (r *runResult) addPickerCounts(before, after pickerCounts) {
 	if before == nil || after == nil {
 		return
 	}
-	var remote, sent float64
+	var remote, sent, opened float64
 	streams := 0
 	lag := map[float64]float64{}
 	for i, a := range after {
@@ -235,6 +249,7 @@ func (r *runResult) addPickerCounts(before, after pickerCounts) {
 			continue
 		}
 		remote += a.remotePicks - b.remotePicks
+		opened += a.opened - b.opened
 		for le, n := range a.lag {
 			lag[le] += n - b.lag[le]
 		}
@@ -248,6 +263,8 @@ func (r *runResult) addPickerCounts(before, after pickerCounts) {
 		r.FederationKiBps = &v
 	}
 	r.ForwardedTwice = max(0, int(math.Round(remote))-r.Crossed-r.Errors)
+	n := int(math.Round(opened))
+	r.ConnectionsOpened = &n
 	if p99, ok := bucketQuantile(lag, 0.99); ok {
 		v := p99 * 1000
 		r.RemoteAgeP99Ms = &v
