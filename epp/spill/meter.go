@@ -27,6 +27,9 @@ type Meter struct {
 	// poolRate follows the local pods' measured rates (requests/s, as
 	// float64 bits): the prior for remote pods, which serve the same model.
 	poolRate atomic.Uint64
+	// poolSlots is the largest batch of a local pod (podMeter.batch): that
+	// of remote pods, which serve the same model.
+	poolSlots atomic.Int64
 	// paths holds, per remote cluster, how long crossed requests took to
 	// their response headers (ns, each sample moving it a fifth of the
 	// way): the round trip plus what the crossing passes on the way (the
@@ -216,8 +219,13 @@ func (p *podMeter) load(waiting, running int, scrape time.Time) (int, int) {
 	return waiting, running
 }
 
-// sawRunning records a scrape of the pod: running requests at once, and
-// waiting ones behind them.
+// sawRunning records a scrape of the local pod p: running requests at
+// once, and waiting ones behind them.
+func (m *Meter) sawRunning(p *podMeter, running, waiting int) {
+	p.sawRunning(running, waiting)
+	raise(&m.poolSlots, p.batch.Load())
+}
+
 func (p *podMeter) sawRunning(running, waiting int) {
 	raise(&p.seen, int64(running))
 	if waiting > 0 {
@@ -258,6 +266,15 @@ func (m *Meter) PoolRate() (float64, bool) {
 	}
 	r := loadFloat(&m.poolRate)
 	return r, r > 0
+}
+
+// PoolSlots returns the largest batch a local pod was seen to run, 0
+// before any queued.
+func (m *Meter) PoolSlots() int {
+	if m == nil {
+		return 0
+	}
+	return int(m.poolSlots.Load())
 }
 
 func loadFloat(u *atomic.Uint64) float64 { return math.Float64frombits(u.Load()) }

@@ -5,33 +5,35 @@
 // a request to another cluster only when a remote endpoint is expected to
 // answer sooner than the best local one by CrossMargin:
 //
-//	TTFT ≈ load / service rate + round trip + prefill of the uncached prompt
+//	TTFT ≈ wait(load) + round trip + prefill of the uncached prompt
 //
 // where load is the endpoint's waiting and running requests (for a local
 // pod, Meter.Load: the scrape's, less those this picker saw end since, or
 // its own requests in flight to it, when more; a remote pod's peer
 // publishes that of its own pods, and this picker's own requests in flight
-// to the pod count when more), the service rate is the endpoint's measured requests per
-// second with a full batch (Meter; remote endpoints, which serve the same
-// model, take the local pods' measured rate, and ServiceRate stands in
-// until one is measured), and the round trip is the federation's
-// measurement to the endpoint's cluster (with LearnCrossingPath, the
-// crossing's measured path when that is longer: Meter.Path, what a
-// Parent-mode crossing passes besides the link and the remote pod); 0 for
-// local endpoints. The
-// prefill counts only where PrefillPerToken is set: the prompt's blocks
-// after those the endpoint holds (package prefixes: this picker's record for
-// a local pod, the peer's published summary for a remote one) times
-// PrefillPerToken; a prompt's part every endpoint must prefill alike is left
-// out.
+// to the pod count when more), and wait turns it into time with the pod's
+// service rate, its measured requests per second with a full batch (Meter;
+// remote endpoints, which serve the same model, take the local pods'
+// measured rate, and ServiceRate stands in until one is measured), and its
+// batch slots (Meter; remote endpoints take the local pods' largest). The
+// round trip is the federation's measurement to the endpoint's cluster
+// (with LearnCrossingPath, the crossing's measured path when that is
+// longer: Meter.Path, what a Parent-mode crossing passes besides the link
+// and the remote pod); 0 for local endpoints. The prefill counts only where
+// PrefillPerToken is set: the prompt's blocks after those the endpoint
+// holds (package prefixes: this picker's record for a local pod, the
+// peer's published summary for a remote one) times PrefillPerToken; a
+// prompt's part every endpoint must prefill alike is left out.
 //
-// Load counts whether or not the pod's batch has a free slot: a
-// continuous-batching server runs every step for its whole batch, so each
-// request it runs slows the first token of the next (a full batch about
-// doubles it); a free slot only spares the wait for one. A request
+// A continuous-batching server runs each step for its whole batch, so
+// every request it runs slows the first token of the next one, but while
+// the batch has a free slot the next one does not wait for any to end:
+// each running request then costs RunningCost of a slot's turn (1/service
+// rate), and each request beyond a full batch a whole turn. A request
 // therefore leaves a pod that runs a few for an idle one nearby, as the
-// routing benchmark's oracle does (bench/routing), rather than staying
-// until the batch is full.
+// routing benchmark's oracle does (bench/routing), when the round trip is
+// less than what those few add, rather than staying until the batch is
+// full.
 //
 // The fixed thresholds are caps: a remote endpoint with a queue of
 // QueueDepthThreshold or more, a KV cache at least KVCacheUtilThreshold
@@ -72,6 +74,13 @@ type Params struct {
 	// ServiceRate is a pod's requests per second with a full batch until
 	// one is measured.
 	ServiceRate float64 `json:"serviceRate"`
+	// RunningCost is what each request a pod runs while its batch has a
+	// free slot adds to a new request's time to first token, as a fraction
+	// of a slot's turn (1/service rate): the share of a batch step's work
+	// that is the running request's. 1 counts every request as a whole
+	// turn, as if the batch were always full. It applies once the pod's
+	// batch size is known (Meter): before, every request counts a turn.
+	RunningCost float64 `json:"runningCost"`
 	// QueueDepthThreshold and KVCacheUtilThreshold cap remote candidates.
 	QueueDepthThreshold  int     `json:"queueDepthThreshold"`
 	KVCacheUtilThreshold float64 `json:"kvCacheUtilThreshold"`
@@ -102,6 +111,7 @@ type Params struct {
 var DefaultParams = Params{
 	CrossMargin:                     Duration(20 * time.Millisecond),
 	ServiceRate:                     10,
+	RunningCost:                     0.25,
 	QueueDepthThreshold:             5,
 	KVCacheUtilThreshold:            0.8,
 	MetricsStalenessThreshold:       Duration(200 * time.Millisecond),
@@ -112,8 +122,8 @@ var DefaultParams = Params{
 // Validate checks the parameters.
 func (p Params) Validate() error {
 	if p.CrossMargin < 0 || p.PrefillPerToken < 0 || !(p.ServiceRate > 0) || p.QueueDepthThreshold <= 0 || p.KVCacheUtilThreshold <= 0 || p.KVCacheUtilThreshold > 1 ||
-		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 || p.MaxRemoteCandidates <= 0 {
-		return errors.New("serviceRate, thresholds and maxRemoteCandidates must be positive, crossMargin and prefillPerToken not negative and kvCacheUtilThreshold at most 1")
+		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 || p.MaxRemoteCandidates <= 0 || !(p.RunningCost >= 0 && p.RunningCost <= 1) {
+		return errors.New("serviceRate, thresholds and maxRemoteCandidates must be positive, crossMargin and prefillPerToken not negative, and kvCacheUtilThreshold and runningCost at most 1 (runningCost not negative)")
 	}
 	return nil
 }
@@ -183,6 +193,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 	if r, ok := m.PoolRate(); ok {
 		poolRate = r
 	}
+	poolSlots := m.PoolSlots()
 	roomSince := now.Add(-time.Duration(p.params.RemoteMetricsStalenessThreshold))
 	k := p.params.MaxRemoteCandidates
 	top := make([]ranked, 0, k)
@@ -206,7 +217,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			}
 			// The view is ordered by queue: once the queue alone puts an
 			// endpoint past the bar, so it does every later one.
-			floor := wait(e.Queue(), poolRate) + cost
+			floor := p.wait(e.Queue(), poolSlots, poolRate) + cost
 			if (capped && floor >= beat) || (len(top) == k && floor >= top[k-1].est) {
 				break
 			}
@@ -225,10 +236,10 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			}
 			// This picker's own requests in flight to the pod only add to
 			// its load: look them up only for a pod within the bar without.
-			est := wait(e.Queue()+e.Running(), poolRate) + cost + unheld
+			est := p.wait(e.Queue()+e.Running(), poolSlots, poolRate) + cost + unheld
 			if !capped || est < beat {
 				if pm := m.lookup(e.Endpoint.GetMetadata().NamespacedName); pm != nil {
-					est = wait(max(e.Queue()+e.Running(), int(pm.inflight.Load())), poolRate) + cost + unheld
+					est = p.wait(max(e.Queue()+e.Running(), int(pm.inflight.Load())), poolSlots, poolRate) + cost + unheld
 				}
 			}
 			if capped && est >= beat {
@@ -266,15 +277,16 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter, prom
 			continue
 		}
 		pm := m.lookup(ep.GetMetadata().NamespacedName)
-		rate := p.params.ServiceRate
+		rate, slots := p.params.ServiceRate, 0
 		if pm != nil {
-			pm.sawRunning(mt.RunningRequestsSize, mt.WaitingQueueSize)
+			m.sawRunning(pm, mt.RunningRequestsSize, mt.WaitingQueueSize)
 			if r, ok := pm.rate(); ok {
 				rate = r
 			}
+			slots = int(pm.batch.Load())
 		}
 		waiting, running := pm.load(mt.WaitingQueueSize, mt.RunningRequestsSize, mt.UpdateTime)
-		est := wait(waiting+running, rate)
+		est := p.wait(waiting+running, slots, rate)
 		if len(prompt.Hashes) > 0 {
 			matched := 0
 			if held > 0 {
@@ -319,10 +331,18 @@ func (p *Policy) crossingCost(o *federation.Origin, m *Meter) time.Duration {
 	return o.RTT()
 }
 
-// wait is the expected wait at a pod with load waiting and running
-// requests and service rate (requests/s with a full batch).
-func wait(load int, rate float64) time.Duration {
-	return time.Duration(min(float64(load)/rate*float64(time.Second), float64(never/2)))
+// wait is the expected wait for a first token at a pod with load waiting
+// and running requests, a batch of slots (0: not known) and service rate
+// (requests/s with a full batch): RunningCost of a turn (1/rate) for each
+// request running while a slot is free, a whole turn for each request
+// beyond a full batch, and each request a turn while slots is not known.
+func (p *Policy) wait(load, slots int, rate float64) time.Duration {
+	turns := float64(load)
+	if slots > 0 {
+		free := float64(min(load, slots-1))
+		turns = free*p.params.RunningCost + float64(load) - free
+	}
+	return time.Duration(min(turns/rate*float64(time.Second), float64(never/2)))
 }
 
 // hasRoom is the headroom test.

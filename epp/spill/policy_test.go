@@ -74,6 +74,8 @@ func TestNewRefusesInvalidParameters(t *testing.T) {
 		"negative margin":          func(p *Params) { p.CrossMargin = -1 },
 		"no service rate":          func(p *Params) { p.ServiceRate = 0 },
 		"negative prefill time":    func(p *Params) { p.PrefillPerToken = -1 },
+		"running cost above 1":     func(p *Params) { p.RunningCost = 1.5 },
+		"negative running cost":    func(p *Params) { p.RunningCost = -0.25 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := DefaultParams
@@ -85,10 +87,11 @@ func TestNewRefusesInvalidParameters(t *testing.T) {
 	}
 }
 
-// The estimate: wait = load / service rate, plus the round trip for a
-// remote endpoint; a request crosses only to remote endpoints expected
-// sooner than the best local one by the margin (20 ms by default), within
-// the caps. The default service rate is 10 requests/s.
+// The estimate: wait = load / service rate (a quarter of that for each
+// request running below a full batch, once the batch size is known), plus
+// the round trip for a remote endpoint; a request crosses only to remote
+// endpoints expected sooner than the best local one by the margin (20 ms
+// by default), within the caps. The default service rate is 10 requests/s.
 func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 	type pod struct {
 		name             string
@@ -160,6 +163,7 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		}
 	}
 	learnPath := func(p *Params) { p.LearnCrossingPath = true }
+	wholeTurns := func(p *Params) { p.RunningCost = 1 }
 	// crossedIn is a meter whose crossed requests to cluster took took to
 	// their response headers.
 	crossedIn := func(cluster string, took time.Duration) func() *Meter {
@@ -192,8 +196,8 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			peers: []*federation.View{peer("w", 0, pod{"w-q5", 5, 0, fresh}, pod{"w-q9", 9, 0, fresh})}, want: ""},
 		{name: "remote data older than the remote staleness threshold is no candidate", local: []pod{{"l", 9, 4, fresh}},
 			peers: []*federation.View{peer("w", 0, pod{"w-old", 0, 0, stale}, pod{"w", 1, 0, fresh})}, want: "w"},
-		{name: "a local pod's measured rate: 4 running in 100 ms is 40/s, so a load of 4 waits 100 ms",
-			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 0, 4, fresh}},
+		{name: "a local pod's measured rate: 4 running in 100 ms is 40/s, so a load of 4 waits 100 ms at whole turns",
+			edit: wholeTurns, meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 0, 4, fresh}},
 			peers: []*federation.View{peer("w", 90*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
 		{name: "a pod never seen queueing is not taken as full: one running of 2 slots in 100 ms waits 50 ms",
 			meter: ranOneAtATime(100*time.Millisecond, "l"), local: []pod{{"l", 0, 1, fresh}},
@@ -201,8 +205,20 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "unmeasured, the same pod waits 400 ms at the default rate",
 			local: []pod{{"l", 0, 4, fresh}}, peers: []*federation.View{peer("w", 90*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
 		{name: "remote pods take the local pods' measured rate",
-			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 4, 4, fresh}}, // 200 ms
+			edit: wholeTurns, meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 4, 4, fresh}}, // 200 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 4, fresh})}, want: "w"}, // 130 ms, 430 at 10/s
+		{name: "below a full batch each running request costs a quarter turn: 3 running of 4 at 40/s wait 19 ms, and the request stays",
+			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 0, 3, fresh}},
+			peers: []*federation.View{peer("w", 0, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "at whole turns the same pod waits 75 ms, and the request crosses",
+			edit: wholeTurns, meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 0, 3, fresh}},
+			peers: []*federation.View{peer("w", 0, pod{"w", 0, 0, fresh})}, want: "w"},
+		{name: "beyond a full batch each request waits a whole turn: 4 running and 2 waiting of 4 wait 3/4 + 3 turns, 94 ms",
+			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 2, 4, fresh}},
+			peers: []*federation.View{peer("w", 50*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"}, // 50 ms
+		{name: "remote pods take the local pods' batch: 3 running of 4 wait 19 ms, not 75",
+			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 2, 4, fresh}}, // 94 ms
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 3, fresh})}, want: "w"}, // 49 ms, 105 at whole turns
 		{name: "this picker's requests in flight count when the scrape shows fewer",
 			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 400 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""}, // 530 ms
