@@ -67,7 +67,7 @@ func (r *results) summarize() {
 			"with the phase's load gauges; " +
 			"peers are real fleetinfer federation servers (mTLS) in the benchmark process publishing synthetic pod state " +
 			"(every pod re-scraped each 50 ms, a tenth of them changing each time). 'headroom': local pods report empty queues; " +
-			"'saturated': they report 10 waiting requests, so fleetinfer's estimate (10 requests at the default 10/s: 1 s) sends requests to " +
+			"'saturated': they report 10 waiting requests, so fleetinfer's estimate (10 waiting behind 4 running: over a second at the default 10/s) sends requests to " +
 			"remote pods, expected sooner by far more than the margin (their round trip is the loopback's): its candidates are the 16 remote pods expected " +
 			fmt.Sprintf("soonest (maxRemoteCandidates, chosen from the %d in its federated view), where stock GIE scores all %d local pods. ", c.peers*c.perPeer, c.local) +
 			"fleetinfer runs its default configuration with prefillPerToken set, so every pick hashes its prompt into blocks, matches them " +

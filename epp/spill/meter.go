@@ -27,7 +27,7 @@ type Meter struct {
 	// poolRate follows the local pods' measured rates (requests/s, as
 	// float64 bits): the prior for remote pods, which serve the same model.
 	poolRate atomic.Uint64
-	// poolSlots is the largest batch of a local pod (podMeter.batch): that
+	// poolSlots is the largest batch of a local pod (podMeter.slots): that
 	// of remote pods, which serve the same model.
 	poolSlots atomic.Int64
 	// paths holds, per remote cluster, how long crossed requests took to
@@ -223,7 +223,7 @@ func (p *podMeter) load(waiting, running int, scrape time.Time) (int, int) {
 // once, and waiting ones behind them.
 func (m *Meter) sawRunning(p *podMeter, running, waiting int) {
 	p.sawRunning(running, waiting)
-	raise(&m.poolSlots, p.batch.Load())
+	raise(&m.poolSlots, p.slots())
 }
 
 func (p *podMeter) sawRunning(running, waiting int) {
@@ -243,19 +243,24 @@ func raise(v *atomic.Int64, n int64) {
 	}
 }
 
-// rate is the requests per second the pod completes with its batch full:
-// its batch size over its service time. Until the pod has queued, its batch
-// size is taken as one more than it was ever seen running, so that a pod
-// that has run one request at a time is not read as full with one.
-func (p *podMeter) rate() (float64, bool) {
-	service, slots := p.service.Load(), p.batch.Load()
-	if slots == 0 {
-		slots = p.seen.Load() + 1
+// slots is the pod's batch size. Until the pod has queued, it is taken as
+// one more than the pod was ever seen running, so that a pod that has run
+// one request at a time is not read as full with one.
+func (p *podMeter) slots() int64 {
+	if b := p.batch.Load(); b > 0 {
+		return b
 	}
+	return p.seen.Load() + 1
+}
+
+// rate is the requests per second the pod completes with its batch full:
+// its batch size over its service time.
+func (p *podMeter) rate() (float64, bool) {
+	service := p.service.Load()
 	if service <= 0 {
 		return 0, false
 	}
-	return float64(slots) / time.Duration(service).Seconds(), true
+	return float64(p.slots()) / time.Duration(service).Seconds(), true
 }
 
 // PoolRate returns the local pods' measured service rate, false before any
@@ -268,8 +273,8 @@ func (m *Meter) PoolRate() (float64, bool) {
 	return r, r > 0
 }
 
-// PoolSlots returns the largest batch a local pod was seen to run, 0
-// before any queued.
+// PoolSlots returns the largest batch size of a local pod (one more than
+// it ran at once until it queued), 0 before any was scraped.
 func (m *Meter) PoolSlots() int {
 	if m == nil {
 		return 0

@@ -78,8 +78,9 @@ type Params struct {
 	// free slot adds to a new request's time to first token, as a fraction
 	// of a slot's turn (1/service rate): the share of a batch step's work
 	// that is the running request's. 1 counts every request as a whole
-	// turn, as if the batch were always full. It applies once the pod's
-	// batch size is known (Meter): before, every request counts a turn.
+	// turn, as if the batch were always full. A pod's batch size is
+	// measured (Meter); a pod this picker never scraped counts every
+	// request a turn.
 	RunningCost float64 `json:"runningCost"`
 	// QueueDepthThreshold and KVCacheUtilThreshold cap remote candidates.
 	QueueDepthThreshold  int     `json:"queueDepthThreshold"`
@@ -283,7 +284,7 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter, prom
 			if r, ok := pm.rate(); ok {
 				rate = r
 			}
-			slots = int(pm.batch.Load())
+			slots = int(pm.slots())
 		}
 		waiting, running := pm.load(mt.WaitingQueueSize, mt.RunningRequestsSize, mt.UpdateTime)
 		est := p.wait(waiting+running, slots, rate)
