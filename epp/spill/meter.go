@@ -226,6 +226,7 @@ func (m *Meter) sawRunning(p *podMeter, running, waiting int) {
 	raise(&m.poolSlots, p.slots())
 }
 
+// sawRunning records the scrape in the pod's own meter only.
 func (p *podMeter) sawRunning(running, waiting int) {
 	raise(&p.seen, int64(running))
 	if waiting > 0 {

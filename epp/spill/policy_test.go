@@ -88,7 +88,7 @@ func TestNewRefusesInvalidParameters(t *testing.T) {
 }
 
 // The estimate: wait = load / service rate (a quarter of that for each
-// request running below a full batch, once the batch size is known), plus
+// request running below a full batch of a pod the meter measured), plus
 // the round trip for a remote endpoint; a request crosses only to remote
 // endpoints expected sooner than the best local one by the margin (20 ms
 // by default), within the caps. The default service rate is 10 requests/s.
