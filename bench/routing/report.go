@@ -102,15 +102,70 @@ type runResult struct {
 	CPU *cpuUse `json:"cpu,omitempty"`
 }
 
-// split is the TTFT of a part of a run's requests.
+// split is the TTFT of a part of a run's requests. Its requests' pods tell
+// a policy's path from its load: AtIdleP50Ms is the p50 TTFT of those that
+// found their pod serving no other request (the path alone: gateways,
+// pickers, links and an idle pod's prefill), OthersMean how many other
+// requests their pods served on average when they arrived (the load they
+// met). Both go by the client's times, from a request's arrival to its
+// end, which for a crossing include its link.
 type split struct {
-	Requests int     `json:"requests"`
-	P50Ms    float64 `json:"ttft_p50_ms"`
-	P99Ms    float64 `json:"ttft_p99_ms"`
+	Requests    int     `json:"requests"`
+	P50Ms       float64 `json:"ttft_p50_ms"`
+	P99Ms       float64 `json:"ttft_p99_ms"`
+	AtIdle      int     `json:"at_idle_pod"`
+	AtIdleP50Ms float64 `json:"ttft_p50_at_idle_pod_ms"`
+	OthersMean  float64 `json:"others_at_pod_mean"`
 }
 
-func splitOf(ttft []float64) split {
-	return split{Requests: len(ttft), P50Ms: stats.Quantile(ttft, 0.5), P99Ms: stats.Quantile(ttft, 0.99)}
+// atPod is a completed request's TTFT and the other requests its pod
+// served when it arrived (othersAtArrival).
+type atPod struct {
+	ttftMs float64
+	others int
+}
+
+func splitOf(part []atPod) split {
+	ttft, idle := make([]float64, 0, len(part)), []float64{}
+	others := 0
+	for _, x := range part {
+		ttft = append(ttft, x.ttftMs)
+		others += x.others
+		if x.others == 0 {
+			idle = append(idle, x.ttftMs)
+		}
+	}
+	out := split{Requests: len(part), P50Ms: stats.Quantile(ttft, 0.5), P99Ms: stats.Quantile(ttft, 0.99), AtIdle: len(idle)}
+	if len(idle) > 0 {
+		out.AtIdleP50Ms = stats.Quantile(idle, 0.5)
+	}
+	if len(part) > 0 {
+		out.OthersMean = float64(others) / float64(len(part))
+	}
+	return out
+}
+
+// othersAtArrival returns, for each completed request of out, how many
+// other completed requests of its pod had arrived before it and not yet
+// ended, by the client's times; 0 for the rest.
+func othersAtArrival(out []result) []int {
+	byPod := map[string][]int{}
+	for i, x := range out {
+		if x.ok() && x.Pod != "" {
+			byPod[x.Pod] = append(byPod[x.Pod], i)
+		}
+	}
+	others := make([]int, len(out))
+	for _, idx := range byPod {
+		for _, i := range idx {
+			for _, j := range idx {
+				if j != i && out[j].At <= out[i].At && out[i].At < out[j].At+out[j].Total {
+					others[i]++
+				}
+			}
+		}
+	}
+	return others
 }
 
 func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Duration, wall time.Duration) runResult {
@@ -118,10 +173,12 @@ func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Dur
 	r := runResult{Scenario: sc.Name, Policy: pol, Rep: rep, Requests: len(out), Served: make([]int, len(sc.Replicas)),
 		ErrKinds: map[string]int{}, GoodPerSecond: make([]int, secs), ErrPerSecond: make([]int, secs), WallS: wall.Seconds(),
 		LoadAverage: host.LoadAverage()}
-	var ttft, local, across []float64
+	var ttft []float64
+	var local, across []atPod
+	others := othersAtArrival(out)
 	var span time.Duration
 	good, cross, served, prompt, cached := 0, 0, 0, 0, 0
-	for _, x := range out {
+	for i, x := range out {
 		span = max(span, x.At+x.Total)
 		r.MaxSendLagMs = max(r.MaxSendLagMs, ms(x.SendLag))
 		sec := min(int(x.At/time.Second), secs-1)
@@ -143,9 +200,9 @@ func newRun(sc scenario, pol string, rep int, out []result, window, slo time.Dur
 			r.Served[x.Served]++
 			if x.Served != x.Entry {
 				cross++
-				across = append(across, ms(x.TTFT))
+				across = append(across, atPod{ms(x.TTFT), others[i]})
 			} else {
-				local = append(local, ms(x.TTFT))
+				local = append(local, atPod{ms(x.TTFT), others[i]})
 			}
 		}
 	}
@@ -295,15 +352,23 @@ func (r *results) summarize() {
 // medianSplit is the median over runs of one part of their requests.
 func medianSplit(runs []runResult, part func(runResult) split) split {
 	var out split
-	var p50s, p99s []float64
+	var p50s, p99s, idle, others []float64
 	for _, r := range runs {
-		if x := part(r); x.Requests > 0 {
+		x := part(r)
+		if x.Requests > 0 {
 			out.Requests += x.Requests
-			p50s, p99s = append(p50s, x.P50Ms), append(p99s, x.P99Ms)
+			p50s, p99s, others = append(p50s, x.P50Ms), append(p99s, x.P99Ms), append(others, x.OthersMean)
+		}
+		if x.AtIdle > 0 {
+			out.AtIdle += x.AtIdle
+			idle = append(idle, x.AtIdleP50Ms)
 		}
 	}
 	if len(p50s) > 0 {
-		out.P50Ms, out.P99Ms = stats.Median(p50s), stats.Median(p99s)
+		out.P50Ms, out.P99Ms, out.OthersMean = stats.Median(p50s), stats.Median(p99s), stats.Median(others)
+	}
+	if len(idle) > 0 {
+		out.AtIdleP50Ms = stats.Median(idle)
 	}
 	return out
 }
@@ -573,13 +638,21 @@ func (r *results) splitTable() string {
 	b.WriteString("## Served where they entered, and across\n\n" +
 		"TTFT of the completed requests served in the cluster they entered and of those served in another one (medians over the runs; requests summed). " +
 		"Least-load's crossings pay their link once, from the client, then one gateway and picker; fleetinfer's in Parent mode pay the link from the entry " +
-		"cluster's gateway and picker to the other cluster's gateway and picker; the oracle's pay the link and no gateway or picker at all.\n\n" +
-		"| scenario | policy | where entered: requests | p50 ms | p99 ms | across: requests | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|\n")
+		"cluster's gateway and picker to the other cluster's gateway and picker; the oracle's pay the link and no gateway or picker at all. " +
+		"Each side's \"idle p50\" is the p50 of its requests that found their pod serving no other request, which is the path alone, and \"others\" " +
+		"is how many other requests their pods served on average when they arrived, which is the load they met (both by the client's times, " +
+		"from a request's arrival to its end, which for a request that crossed includes its link, so \"others\" counts a little high).\n\n" +
+		"| scenario | policy | where entered: requests | p50 ms | p99 ms | idle p50 ms | others | across: requests | p50 ms | p99 ms | idle p50 ms | others |\n" +
+		"|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	cell := func(x split) string {
 		if x.Requests == 0 {
-			return "0 | – | –"
+			return "0 | – | – | – | –"
 		}
-		return fmt.Sprintf("%d | %.0f | %.0f", x.Requests, x.P50Ms, x.P99Ms)
+		idle := "–"
+		if x.AtIdle > 0 {
+			idle = fmt.Sprintf("%.0f", x.AtIdleP50Ms)
+		}
+		return fmt.Sprintf("%d | %.0f | %.0f | %s | %.2f", x.Requests, x.P50Ms, x.P99Ms, idle, x.OthersMean)
 	}
 	for _, m := range r.Summary {
 		if m.Policy == "gie-local" {

@@ -260,9 +260,9 @@ func TestRunSummary(t *testing.T) {
 	sc := scenario{Name: "s", Replicas: []int32{1, 1}}
 	ms := time.Millisecond
 	out := []result{
-		{At: 0, Entry: 0, Served: 0, TTFT: 100 * ms, Total: 500 * ms},
-		{At: 500 * ms, Entry: 0, Served: 1, TTFT: 300 * ms, Total: 900 * ms},
-		{At: 1500 * ms, Entry: 1, Served: 1, TTFT: 2 * time.Second, Total: 2500 * ms},
+		{At: 0, Entry: 0, Served: 0, Pod: "a", TTFT: 100 * ms, Total: 500 * ms},
+		{At: 500 * ms, Entry: 0, Served: 1, Pod: "b", TTFT: 300 * ms, Total: 900 * ms},
+		{At: 1300 * ms, Entry: 1, Served: 1, Pod: "b", TTFT: 2 * time.Second, Total: 2700 * ms},
 		{At: 1600 * ms, Entry: 1, Served: -1, Total: 10 * ms, Err: "dial tcp: connection refused"},
 	}
 	r := newRun(sc, "p", 0, out, 2*time.Second, time.Second, time.Minute)
@@ -279,26 +279,49 @@ func TestRunSummary(t *testing.T) {
 	if r.P50Ms != 300 || !slices.Equal(r.GoodPerSecond, []int{2, 0}) || !slices.Equal(r.ErrPerSecond, []int{0, 1}) {
 		t.Fatalf("p50 %v good %v errors %v", r.P50Ms, r.GoodPerSecond, r.ErrPerSecond)
 	}
-	// Served where they entered: 100 and 2000 ms; across: 300 ms; the
-	// failed request is in neither.
-	if r.Local != (split{Requests: 2, P50Ms: 1050, P99Ms: 1981}) || r.Across != (split{Requests: 1, P50Ms: 300, P99Ms: 300}) {
+	// Served where they entered: 100 ms at an idle pod and 2000 ms at a
+	// pod still serving the crossing that arrived at 500 ms; across: 300
+	// ms at an idle pod; the failed request is in neither.
+	if r.Local != (split{Requests: 2, P50Ms: 1050, P99Ms: 1981, AtIdle: 1, AtIdleP50Ms: 100, OthersMean: 0.5}) ||
+		r.Across != (split{Requests: 1, P50Ms: 300, P99Ms: 300, AtIdle: 1, AtIdleP50Ms: 300}) {
 		t.Fatalf("where entered %+v, across %+v", r.Local, r.Across)
 	}
 }
 
 func TestSplitMediansLeaveOutRunsWithoutSuchRequests(t *testing.T) {
 	runs := []runResult{
-		{Across: split{Requests: 10, P50Ms: 100, P99Ms: 300}},
+		{Across: split{Requests: 10, P50Ms: 100, P99Ms: 300, AtIdle: 4, AtIdleP50Ms: 90, OthersMean: 0.5}},
 		{Across: split{}},
-		{Across: split{Requests: 20, P50Ms: 140, P99Ms: 500}},
-		{Across: split{Requests: 30, P50Ms: 120, P99Ms: 400}},
+		{Across: split{Requests: 20, P50Ms: 140, P99Ms: 500, OthersMean: 2}},
+		{Across: split{Requests: 30, P50Ms: 120, P99Ms: 400, AtIdle: 6, AtIdleP50Ms: 70, OthersMean: 1}},
 	}
 	got := medianSplit(runs, func(r runResult) split { return r.Across })
-	if want := (split{Requests: 60, P50Ms: 120, P99Ms: 400}); got != want {
+	// The idle p50 is the median of the two runs with such requests.
+	if want := (split{Requests: 60, P50Ms: 120, P99Ms: 400, AtIdle: 10, AtIdleP50Ms: 80, OthersMean: 1}); got != want {
 		t.Fatalf("median split %+v, want %+v", got, want)
 	}
 	if got := medianSplit(runs, func(r runResult) split { return r.Local }); got != (split{}) {
 		t.Fatalf("median of no requests %+v, want zero", got)
+	}
+}
+
+func TestOthersAtArrivalCountsThePodsRequestsNotYetEnded(t *testing.T) {
+	ms := time.Millisecond
+	out := []result{
+		{At: 0, Pod: "a", Total: 300 * ms},
+		{At: 100 * ms, Pod: "a", Total: 300 * ms},
+		{At: 200 * ms, Pod: "b", Total: 100 * ms},
+		{At: 250 * ms, Pod: "a", Total: 100 * ms},
+		// Ends as the next arrives: not counted.
+		{At: 300 * ms, Pod: "b", Total: 50 * ms},
+		{At: 350 * ms, Pod: "b", Total: 50 * ms},
+		// Failed and pod-less requests count for nothing and find nothing.
+		{At: 260 * ms, Pod: "a", Total: time.Second, Err: "503"},
+		{At: 270 * ms, Total: time.Second},
+	}
+	got := othersAtArrival(out)
+	if want := []int{0, 1, 0, 2, 0, 0, 0, 0}; !slices.Equal(got, want) {
+		t.Fatalf("others at arrival %v, want %v", got, want)
 	}
 }
 
