@@ -135,10 +135,11 @@ var policies = []string{"gie-local", "round-robin", "least-load", "fleetinfer", 
 //     service rate, 10 requests/s per pod, is what these simulators serve
 //     with a full batch (4 slots, about 400 ms a request) until the picker
 //     has measured it, and the default margin is 20 ms; the default
-//     running cost, a quarter of a slot's turn per request running below a
-//     full batch, is about these simulators' (each request running adds a
-//     third of an idle pod's time to first token, about 24 ms at 128 prompt
-//     words, to a turn of about 100 ms);
+//     running cost, half a slot's turn per request running below a full
+//     batch, is twice these simulators' share of a step (each request
+//     running adds a third of an idle pod's time to first token, about
+//     24 ms at 128 prompt words, to a turn of about 100 ms): once for the
+//     new request's first token and once for those it slows after it;
 //   - a remote pod with a request waiting (queueDepthThreshold 1) or a KV
 //     cache over 80% full is no candidate: with 4-slot simulators a queue
 //     means a full batch. Local metrics count as fresh for a second (a

@@ -26,10 +26,11 @@
 // prompt's part every endpoint must prefill alike is left out.
 //
 // A continuous-batching server runs each step for its whole batch, so
-// every request it runs slows the first token of the next one, but while
-// the batch has a free slot the next one does not wait for any to end:
-// each running request then costs RunningCost of a slot's turn (1/service
-// rate), and each request beyond a full batch a whole turn. A request
+// every request it runs slows the first token of the next one (and the
+// next one, while it runs, those after it), but while the batch has a
+// free slot the next one does not wait for any to end: each running
+// request then costs RunningCost of a slot's turn (1/service rate), and
+// each request beyond a full batch a whole turn. A request
 // therefore leaves a pod that runs a few for an idle one nearby, as the
 // routing benchmark's oracle does (bench/routing), when the round trip is
 // less than what those few add, rather than staying until the batch is
@@ -75,9 +76,16 @@ type Params struct {
 	// one is measured.
 	ServiceRate float64 `json:"serviceRate"`
 	// RunningCost is what each request a pod runs while its batch has a
-	// free slot adds to a new request's time to first token, as a fraction
-	// of a slot's turn (1/service rate): the share of a batch step's work
-	// that is the running request's. 1 counts every request as a whole
+	// free slot costs a new request sent there, as a fraction of a slot's
+	// turn (1/service rate). It counts both ways: each running request
+	// slows the new one's first token by its share of a batch step, and
+	// the new one, while it runs, slows as much the first token of each
+	// request sent to the pod after it, of which there are about as many
+	// as the pod runs (Little's law: arrivals over a request's stay are
+	// the requests running on average). So twice the share of a step: a
+	// request then goes where it delays the fleet least, not only where
+	// it is itself served soonest, and leaves a hot cluster's pods some
+	// room for the bursts to come. 1 counts every request as a whole
 	// turn, as if the batch were always full. A pod's batch size is
 	// measured (Meter); a pod this picker never scraped counts every
 	// request a turn.
@@ -112,7 +120,7 @@ type Params struct {
 var DefaultParams = Params{
 	CrossMargin:                     Duration(20 * time.Millisecond),
 	ServiceRate:                     10,
-	RunningCost:                     0.25,
+	RunningCost:                     0.5,
 	QueueDepthThreshold:             5,
 	KVCacheUtilThreshold:            0.8,
 	MetricsStalenessThreshold:       Duration(200 * time.Millisecond),

@@ -88,7 +88,9 @@ func TestNewRefusesInvalidParameters(t *testing.T) {
 }
 
 // The estimate: wait = load / service rate (a quarter of that for each
-// request running below a full batch of a pod the meter measured), plus
+// request running below a full batch of a pod the meter measured, the
+// running cost of a request's own first token, which these cases take;
+// the default counts half), plus
 // the round trip for a remote endpoint; a request crosses only to remote
 // endpoints expected sooner than the best local one by the margin (20 ms
 // by default), within the caps. The default service rate is 10 requests/s.
@@ -164,6 +166,7 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 	}
 	learnPath := func(p *Params) { p.LearnCrossingPath = true }
 	wholeTurns := func(p *Params) { p.RunningCost = 1 }
+	atDefaultCost := func(p *Params) { p.RunningCost = DefaultParams.RunningCost }
 	// crossedIn is a meter whose crossed requests to cluster took took to
 	// their response headers.
 	crossedIn := func(cluster string, took time.Duration) func() *Meter {
@@ -213,6 +216,9 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "below a full batch each running request costs a quarter turn: 3 running of 4 at 40/s wait 19 ms, and the request stays",
 			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 0, 3, fresh}},
 			peers: []*federation.View{peer("w", 0, pod{"w", 0, 0, fresh})}, want: ""},
+		{name: "at the default cost, which also counts what the request adds to those after it, the same pod waits 38 ms, and the request crosses",
+			edit: atDefaultCost, meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 0, 3, fresh}},
+			peers: []*federation.View{peer("w", 0, pod{"w", 0, 0, fresh})}, want: "w"},
 		{name: "at whole turns the same pod waits 75 ms, and the request crosses",
 			edit: wholeTurns, meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 0, 3, fresh}},
 			peers: []*federation.View{peer("w", 0, pod{"w", 0, 0, fresh})}, want: "w"},
@@ -249,7 +255,12 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			peers: []*federation.View{peer("w", 0, pod{"w-q0-r4", 0, 4, fresh}, pod{"w-q1-r0", 1, 0, fresh})}, want: "w-q1-r0"}, // 400 and 100 ms
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			policy := testPolicy(t, tc.edit)
+			policy := testPolicy(t, func(p *Params) {
+				p.RunningCost = 0.25
+				if tc.edit != nil {
+					tc.edit(p)
+				}
+			})
 			var local []fwkdl.Endpoint
 			for _, p := range tc.local {
 				local = append(local, endpoint(p))

@@ -5,7 +5,7 @@
 //
 //	plugins:
 //	- type: cross-cluster-filter
-//	  parameters: {crossMargin: 20ms, serviceRate: 10, runningCost: 0.25, queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, maxRemoteCandidates: 16}
+//	  parameters: {crossMargin: 20ms, serviceRate: 10, runningCost: 0.5, queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, maxRemoteCandidates: 16}
 //	- type: cross-cluster-scorer
 //	  parameters: {networkCost: 0.5, clusterCosts: {west: 0.3}}
 //	schedulingProfiles:
