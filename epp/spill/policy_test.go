@@ -88,12 +88,12 @@ func TestNewRefusesInvalidParameters(t *testing.T) {
 }
 
 // The estimate: wait = load / service rate (a quarter of that for each
-// request running below a full batch of a pod the meter measured, the
-// running cost of a request's own first token, which these cases take;
-// the default counts half), plus
-// the round trip for a remote endpoint; a request crosses only to remote
-// endpoints expected sooner than the best local one by the margin (20 ms
-// by default), within the caps. The default service rate is 10 requests/s.
+// request running below a full batch of a pod the meter measured: what it
+// adds to the new request's own first token, the cost these cases take;
+// the default, 0.5, counts half a turn), plus the round trip for a remote
+// endpoint; a request crosses only to remote endpoints expected sooner
+// than the best local one by the margin (20 ms by default), within the
+// caps. The default service rate is 10 requests/s.
 func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 	type pod struct {
 		name             string
