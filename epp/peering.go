@@ -192,7 +192,8 @@ func (f *federationParts) marker() *marker {
 }
 
 // build makes the federation's parts. The publisher sends the load meter
-// knows of the local pods (spill.Meter.Load) as soon as it changes.
+// knows of the local pods as soon as it changes, and hands meter every
+// scrape it reads (spill.Meter.Scraped).
 func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datastore, meter *spill.Meter, log logr.Logger) (*federationParts, error) {
 	if o.PeersFile == "" {
 		return &federationParts{}, nil
@@ -222,7 +223,7 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool, prefixes: index, forget: forget,
 		publisher: federation.NewPublisher(federation.PublisherOptions{
 			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
-			Interval: o.PublishInterval, Load: meter.Load, Changed: meter.Changed(), MinGap: o.PublishMinGap,
+			Interval: o.PublishInterval, Load: meter.Scraped, Changed: meter.Changed(), MinGap: o.PublishMinGap,
 			Heartbeat: o.Heartbeat, LaggingAfter: o.LaggingAfter,
 			Authorize: federation.Authorize(dir, pool, o.Cluster), Roots: creds.Roots, Buffer: o.SubscriberBuffer, Limits: limits, Log: log,
 			Prefixes: index.Summary, PrefixInterval: prefixSummaryInterval,

@@ -37,9 +37,11 @@ type PublisherOptions struct {
 	// Interval is how often local state is compared and changes sent; about
 	// GIE's scrape interval.
 	Interval time.Duration
-	// Load, when set, gives a local endpoint's waiting and running requests
-	// as this picker knows them now (spill.Meter.Load), which are published
-	// instead of the scraped ones. Changed, when set, receives when they may
+	// Load, when set, is handed each local endpoint's scrape every time
+	// local state is compared, and gives its waiting and running requests
+	// as this picker knows them now (spill.Meter.Scraped, which also learns
+	// the pod's batch from the scrape), which are published instead of the
+	// scraped ones. Changed, when set, receives when they may
 	// have changed: local state is then compared and changes sent without
 	// waiting for Interval, but no sooner than MinGap after the last
 	// comparison, so that subscribers get at most a message per MinGap.

@@ -193,19 +193,40 @@ func (p *podMeter) ranAcross(scrape time.Time) int {
 	return n
 }
 
-// Load returns a pod's waiting and running requests as this picker knows
-// them now, from the scrape's (taken at scrape): less the requests it saw
-// end since the scrape, or, when more, its own requests in flight to the
-// pod, which include those it sent since. In Parent mode every request to a
-// local pod passes this picker, so for a local pod that is the pod's load
-// without the scrape's lag. The estimate of a local pod reads it, and the
+// Scraped records a scrape of the local pod addr, taken at scrape, and
+// returns the pod's waiting and running requests as this picker knows them
+// now.
+//
+// The scrape teaches the pod's batch size (see slots): the most requests
+// it ran at once, and whether others waited behind them. Every reader of
+// the scrapes calls it, the federation's publisher every interval while
+// peers subscribe as well as the estimate at each pick, so that a burst's peak is learned even
+// when no pick reads the scrape that shows it (a pod that ran four at once
+// between picks is not taken for one with room for a fifth).
+//
+// The load is the scrape's, less the requests this picker saw end since
+// the scrape, or, when more, its own requests in flight to the pod, which
+// include those it sent since. In Parent mode every request to a local pod
+// passes this picker, so for a local pod that is the pod's load without
+// the scrape's lag. The estimate of a local pod reads it, and the
 // federation publishes it, so that peers estimate the pod as this picker
 // does.
-func (m *Meter) Load(addr types.NamespacedName, waiting, running int, scrape time.Time) (int, int) {
-	return m.lookup(addr).load(waiting, running, scrape)
+func (m *Meter) Scraped(addr types.NamespacedName, waiting, running int, scrape time.Time) (int, int) {
+	if m == nil {
+		return waiting, running
+	}
+	p := m.lookup(addr)
+	if p == nil && running+waiting > 0 {
+		p = m.pod(addr)
+	}
+	if p != nil {
+		m.sawRunning(p, running, waiting)
+	}
+	return p.load(waiting, running, scrape)
 }
 
-// load is Load for the pod's meter; a nil one leaves the scrape as it is.
+// load is the load Scraped returns, for the pod's meter; a nil one leaves
+// the scrape as it is.
 func (p *podMeter) load(waiting, running int, scrape time.Time) (int, int) {
 	if p == nil {
 		return waiting, running

@@ -8,7 +8,7 @@
 //	TTFT ≈ wait(load) + round trip + prefill of the uncached prompt
 //
 // where load is the endpoint's waiting and running requests (for a local
-// pod, Meter.Load: the scrape's, less those this picker saw end since, or
+// pod, Meter.Scraped: the scrape's, less those this picker saw end since, or
 // its own requests in flight to it, when more; a remote pod's peer
 // publishes that of its own pods, and this picker's own requests in flight
 // to the pod count when more), and wait turns it into time with the pod's
@@ -285,16 +285,15 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter, prom
 		if mt == nil || now.Sub(mt.UpdateTime) > time.Duration(p.params.MetricsStalenessThreshold) {
 			continue
 		}
-		pm := m.lookup(ep.GetMetadata().NamespacedName)
+		name := ep.GetMetadata().NamespacedName
+		waiting, running := m.Scraped(name, mt.WaitingQueueSize, mt.RunningRequestsSize, mt.UpdateTime)
 		rate, slots := p.params.ServiceRate, 0
-		if pm != nil {
-			m.sawRunning(pm, mt.RunningRequestsSize, mt.WaitingQueueSize)
+		if pm := m.lookup(name); pm != nil {
 			if r, ok := pm.rate(); ok {
 				rate = r
 			}
 			slots = int(pm.slots())
 		}
-		waiting, running := pm.load(mt.WaitingQueueSize, mt.RunningRequestsSize, mt.UpdateTime)
 		est := p.wait(waiting+running, slots, rate)
 		if len(prompt.Hashes) > 0 {
 			matched := 0

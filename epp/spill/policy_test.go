@@ -229,19 +229,19 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			meter: measured(4, 100*time.Millisecond, "l"), local: []pod{{"l", 2, 4, fresh}}, // 94 ms
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 3, fresh})}, want: "w"}, // 49 ms, 105 at whole turns
 		{name: "this picker's requests in flight count when the scrape shows fewer",
-			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 400 ms
-			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""}, // 530 ms
+			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 325 ms: a batch of 2, its scrape shows
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""}, // 455 ms, as many slots
 		{name: "a scrape that still shows a request this picker saw end: the idle local pod keeps the request",
 			meter: endedAfterScrape(fresh, "l"), local: []pod{{"l", 0, 1, fresh}}, // 0 ms, not 100
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
 		{name: "learning the path, crossings that took longer than the link's round trip count at what they took",
-			edit: learnPath, meter: crossedIn("w", 190*time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+			edit: learnPath, meter: crossedIn("w", 190*time.Millisecond), local: []pod{{"l", 1, 1, fresh}}, // 200 ms: a batch of 1
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
 		{name: "by default the same crossings count at the round trip",
-			meter: crossedIn("w", 190*time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+			meter: crossedIn("w", 190*time.Millisecond), local: []pod{{"l", 1, 1, fresh}}, // 200 ms: a batch of 1
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
 		{name: "learning the path, crossings measured faster than the round trip count at the round trip",
-			edit: learnPath, meter: crossedIn("w", time.Millisecond), local: []pod{{"l", 0, 2, fresh}}, // 200 ms
+			edit: learnPath, meter: crossedIn("w", time.Millisecond), local: []pod{{"l", 1, 1, fresh}}, // 200 ms
 			peers: []*federation.View{peer("w", 190*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
 		{name: "without that request seen ending, the same scrape reads 100 ms and crosses",
 			local: []pod{{"l", 0, 1, fresh}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: "w"},
@@ -372,9 +372,9 @@ func TestLoadCorrectsTheScrapeByThePickersOwnRequests(t *testing.T) {
 			for _, sp := range tc.ended {
 				m.finished(a, sp, true)
 			}
-			w, r := m.Load(a, tc.waiting, tc.running, scrape)
+			w, r := m.Scraped(a, tc.waiting, tc.running, scrape)
 			if got := [2]int{w, r}; got != tc.want {
-				t.Fatalf("Load = %v, want %v", got, tc.want)
+				t.Fatalf("Scraped = %v, want %v", got, tc.want)
 			}
 		})
 	}
@@ -428,6 +428,25 @@ func TestRateTakesTheBatchSizeOnceAPodQueued(t *testing.T) {
 				t.Fatalf("rate = %v (%v), want %v", got, ok, tc.want)
 			}
 		})
+	}
+}
+
+// The batch is learned from every scrape read, not only those a pick
+// reads: the federation's publisher reads each pod's scrape every interval,
+// and a burst's peak between two picks shows only there.
+func TestScrapesReadBetweenPicksTeachThePodsBatch(t *testing.T) {
+	a := types.NamespacedName{Name: "a"}
+	m := NewMeter()
+	if w, r := m.Scraped(a, 0, 0, now); w != 0 || r != 0 || m.lookup(a) != nil {
+		t.Fatalf("an idle pod's scrape: load %d/%d, meter %v; want 0/0 and nothing recorded", w, r, m.lookup(a))
+	}
+	m.Scraped(a, 1, 4, now) // the burst: four run, one waits
+	m.Scraped(a, 0, 2, now)
+	if got := m.lookup(a).slots(); got != 4 {
+		t.Fatalf("slots = %d after a scrape showed 4 running and 1 waiting, want 4", got)
+	}
+	if got := m.PoolSlots(); got != 4 {
+		t.Fatalf("pool slots = %d, want 4", got)
 	}
 }
 
