@@ -169,8 +169,9 @@ type federationParts struct {
 	pool       types.NamespacedName
 	// prefixes records the prompts this picker sent each local pod, for
 	// the summaries published to peers and the spill policy's estimate;
-	// forget drops the record of pods that went away. Nil without
-	// federation: only a crossing weighs prefixes.
+	// forget drops the record, and the load meter's measurements, of pods
+	// that went away. Nil without federation: only a crossing weighs
+	// prefixes.
 	prefixes *prefixes.Index
 	forget   func()
 }
@@ -181,7 +182,8 @@ type federationParts struct {
 // cluster reaches the others' estimates within about a second.
 const prefixSummaryInterval = time.Second
 
-// forgetInterval is how often the prefix record drops pods that went away.
+// forgetInterval is how often the prefix record and the load meter drop
+// pods that went away.
 const forgetInterval = time.Minute
 
 // marker signs this picker's Parent-mode marks with its federation key and
@@ -218,6 +220,13 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 			present[ep.GetMetadata().NamespacedName] = true
 		}
 		index.Retain(func(pod types.NamespacedName) bool { return present[pod] })
+		// The meter also measures the remote pods this picker sent to.
+		for _, v := range store.Remote(time.Now()).Peers {
+			for i := range v.Entries {
+				present[v.Entries[i].Endpoint.GetMetadata().NamespacedName] = true
+			}
+		}
+		meter.Retain(func(pod types.NamespacedName) bool { return present[pod] })
 	}
 	return &federationParts{
 		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool, prefixes: index, forget: forget,

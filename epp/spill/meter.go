@@ -111,6 +111,23 @@ func (m *Meter) lookup(addr types.NamespacedName) *podMeter {
 	return m.pods[addr]
 }
 
+// Retain drops the measurements of the pods keep rejects (pods that went
+// away), so that a picker running for months does not keep one for every
+// pod that ever came and went. A pod with a request of this picker still
+// in flight keeps its meter: the request's end must find it.
+func (m *Meter) Retain(keep func(types.NamespacedName) bool) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for addr, p := range m.pods {
+		if p.inflight.Load() <= 0 && !keep(addr) {
+			delete(m.pods, addr)
+		}
+	}
+}
+
 // opened is a request in flight: when it was sent, and how many of this
 // picker's requests were in flight to the pod before it.
 type opened struct {

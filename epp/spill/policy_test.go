@@ -450,6 +450,32 @@ func TestScrapesReadBetweenPicksTeachThePodsBatch(t *testing.T) {
 	}
 }
 
+// Retain drops the pods that went away, but not one with a request still
+// in flight: its end must find the meter, not start a new one below zero.
+func TestRetainDropsGonePodsWithNothingInFlight(t *testing.T) {
+	gone, busy, kept := types.NamespacedName{Name: "gone"}, types.NamespacedName{Name: "gone-busy"}, types.NamespacedName{Name: "kept"}
+	m := NewMeter()
+	for _, a := range []types.NamespacedName{gone, busy, kept} {
+		m.Started(a, now)
+	}
+	m.Finished(gone, now, true)
+	m.Finished(kept, now, true)
+	m.Retain(func(a types.NamespacedName) bool { return a == kept })
+	if m.lookup(gone) != nil {
+		t.Fatal("the meter of a pod that went away with nothing in flight was kept")
+	}
+	if m.lookup(kept) == nil {
+		t.Fatal("the meter of a pod still there was dropped")
+	}
+	if m.lookup(busy) == nil {
+		t.Fatal("the meter of a pod with a request in flight was dropped")
+	}
+	m.Finished(busy, now, true)
+	if got := m.lookup(busy).inflight.Load(); got != 0 {
+		t.Fatalf("%d in flight after the request ended, want 0", got)
+	}
+}
+
 func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
 	m := fwkdl.NewMetrics()
 	m.UpdateTime = now.Add(-time.Minute) // the scrape, before watermarks vouched for it
