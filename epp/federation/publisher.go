@@ -41,10 +41,10 @@ type PublisherOptions struct {
 	// local state is compared, and gives its waiting and running requests
 	// as this picker knows them now (spill.Meter.Scraped, which also learns
 	// the pod's batch from the scrape), which are published instead of the
-	// scraped ones. Changed, when set, receives when they may
-	// have changed: local state is then compared and changes sent without
-	// waiting for Interval, but no sooner than MinGap after the last
-	// comparison, so that subscribers get at most a message per MinGap.
+	// scraped ones. Changed, when set, receives when they may have changed:
+	// local state is then compared and changes sent without waiting for
+	// Interval, but no sooner than MinGap after the last comparison, so
+	// that subscribers get at most a message per MinGap.
 	Load    func(name types.NamespacedName, waiting, running int, scrape time.Time) (int, int)
 	Changed <-chan struct{}
 	MinGap  time.Duration

@@ -217,9 +217,10 @@ func (p *podMeter) ranAcross(scrape time.Time) int {
 // The scrape teaches the pod's batch size (see slots): the most requests
 // it ran at once, and whether others waited behind them. Every reader of
 // the scrapes calls it, the federation's publisher every interval while
-// peers subscribe as well as the estimate at each pick, so that a burst's peak is learned even
-// when no pick reads the scrape that shows it (a pod that ran four at once
-// between picks is not taken for one with room for a fifth).
+// peers subscribe as well as the estimate at each pick, so that a burst's
+// peak is learned even when no pick reads the scrape that shows it (a pod
+// that ran four at once between picks is not taken for one with room for
+// a fifth).
 //
 // The load is the scrape's, less the requests this picker saw end since
 // the scrape, or, when more, its own requests in flight to the pod, which
