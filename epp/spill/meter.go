@@ -230,8 +230,15 @@ func (p *podMeter) ranAcross(scrape time.Time) int {
 // federation publishes it, so that peers estimate the pod as this picker
 // does.
 func (m *Meter) Scraped(addr types.NamespacedName, waiting, running int, scrape time.Time) (int, int) {
+	_, waiting, running = m.scraped(addr, waiting, running, scrape)
+	return waiting, running
+}
+
+// scraped is Scraped, which also returns the pod's meter (nil when the
+// pod has none), so that the estimate looks the pod up once.
+func (m *Meter) scraped(addr types.NamespacedName, waiting, running int, scrape time.Time) (*podMeter, int, int) {
 	if m == nil {
-		return waiting, running
+		return nil, waiting, running
 	}
 	p := m.lookup(addr)
 	if p == nil && running+waiting > 0 {
@@ -240,7 +247,8 @@ func (m *Meter) Scraped(addr types.NamespacedName, waiting, running int, scrape 
 	if p != nil {
 		m.sawRunning(p, running, waiting)
 	}
-	return p.load(waiting, running, scrape)
+	waiting, running = p.load(waiting, running, scrape)
+	return p, waiting, running
 }
 
 // load is the load Scraped returns, for the pod's meter; a nil one leaves

@@ -285,10 +285,9 @@ func (p *Policy) bestLocal(local []fwkdl.Endpoint, now time.Time, m *Meter, prom
 		if mt == nil || now.Sub(mt.UpdateTime) > time.Duration(p.params.MetricsStalenessThreshold) {
 			continue
 		}
-		name := ep.GetMetadata().NamespacedName
-		waiting, running := m.Scraped(name, mt.WaitingQueueSize, mt.RunningRequestsSize, mt.UpdateTime)
+		pm, waiting, running := m.scraped(ep.GetMetadata().NamespacedName, mt.WaitingQueueSize, mt.RunningRequestsSize, mt.UpdateTime)
 		rate, slots := p.params.ServiceRate, 0
-		if pm := m.lookup(name); pm != nil {
+		if pm != nil {
 			if r, ok := pm.rate(); ok {
 				rate = r
 			}
