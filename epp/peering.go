@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -168,12 +167,9 @@ type federationParts struct {
 	cluster    string
 	pool       types.NamespacedName
 	// prefixes records the prompts this picker sent each local pod, for
-	// the summaries published to peers and the spill policy's estimate;
-	// forget drops the record, and the load meter's measurements, of pods
-	// that went away. Nil without federation: only a crossing weighs
-	// prefixes.
+	// the summaries published to peers and the spill policy's estimate.
+	// Nil without federation: only a crossing weighs prefixes.
 	prefixes *prefixes.Index
-	forget   func()
 }
 
 // prefixSummaryInterval is the shortest time between two prefix summaries
@@ -181,10 +177,6 @@ type federationParts struct {
 // 1 KiB a second per endpoint and peer, while a prefix cached in one
 // cluster reaches the others' estimates within about a second.
 const prefixSummaryInterval = time.Second
-
-// forgetInterval is how often the prefix record and the load meter drop
-// pods that went away.
-const forgetInterval = time.Minute
 
 // marker signs this picker's Parent-mode marks with its federation key and
 // verifies its peers' against the CA bundle and the peer directory.
@@ -214,22 +206,8 @@ func (o *FederationOptions) build(pool types.NamespacedName, ds datastore.Datast
 		MaxMessagesPerSecond: o.MaxMessageRate, MaxBytesPerSecond: o.MaxByteRate}
 	store := federation.NewStore(o.Staleness)
 	index := prefixes.NewIndex()
-	forget := func() {
-		present := map[types.NamespacedName]bool{}
-		for _, ep := range ds.PodList(datastore.AllPodsPredicate) {
-			present[ep.GetMetadata().NamespacedName] = true
-		}
-		index.Retain(func(pod types.NamespacedName) bool { return present[pod] })
-		// The meter also measures the remote pods this picker sent to.
-		for _, v := range store.Remote(time.Now()).Peers {
-			for i := range v.Entries {
-				present[v.Entries[i].Endpoint.GetMetadata().NamespacedName] = true
-			}
-		}
-		meter.Retain(func(pod types.NamespacedName) bool { return present[pod] })
-	}
 	return &federationParts{
-		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool, prefixes: index, forget: forget,
+		store: store, dir: dir, creds: creds, port: o.Port, reload: o.ReloadInterval, cluster: o.Cluster, pool: pool, prefixes: index,
 		publisher: federation.NewPublisher(federation.PublisherOptions{
 			Pool: pool, Local: func() []fwkdl.Endpoint { return ds.PodList(datastore.AllPodsPredicate) },
 			Interval: o.PublishInterval, Load: meter.Scraped, Changed: meter.Changed(), MinGap: o.PublishMinGap,
@@ -264,10 +242,6 @@ func (f *federationParts) addTo(mgr manager.Manager) error {
 			return nil
 		}),
 		runFunc(func(ctx context.Context) error { f.creds.Run(ctx, f.reload); return nil }),
-		runFunc(func(ctx context.Context) error {
-			wait.UntilWithContext(ctx, func(context.Context) { f.forget() }, forgetInterval)
-			return nil
-		}),
 	} {
 		if err := mgr.Add(r); err != nil {
 			return err

@@ -188,6 +188,10 @@ func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, err
 	if cands.spill == nil && fed.store != nil {
 		p.Log.Info("No cross-cluster-filter configured: every fresh remote endpoint is a candidate for every request")
 	}
+	gone := gonePods{ds: p.Datastore, remote: cands.remote, meter: r.meter, prefixes: fed.prefixes, now: time.Now}
+	if err := p.Manager.Add(gierunner.NoLeaderElection(gone)); err != nil {
+		return nil, err
+	}
 	return cands, fed.addTo(p.Manager)
 }
 
