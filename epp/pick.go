@@ -41,9 +41,13 @@ type pick struct {
 	pickedAt time.Time
 	observed bool
 	// metered is the primary target while the meter counts the request in
-	// flight there, metering whether it does.
-	metered  types.NamespacedName
-	metering bool
+	// flight there, since meteredAt, metering whether it does. A second
+	// pick of the request (GIE picks again on each end of a request body a
+	// stream carries) moves pickedAt but not meteredAt, by which the
+	// request's end finds its start in the meter.
+	metered   types.NamespacedName
+	meteredAt time.Time
+	metering  bool
 	// request is GIE's context of the request, which the director wrapper
 	// hands on before GIE parses the body into it; prompt is its prompt's
 	// block hashes once computed (see promptOf).
@@ -150,8 +154,8 @@ func (r pickRecorder) PreRequest(ctx context.Context, req *fwksched.LLMRequest, 
 	if r.meter == nil || p.metering {
 		return
 	}
-	p.metered, p.metering = p.targets[0].GetMetadata().NamespacedName, true
-	r.meter.Started(p.metered, p.pickedAt)
+	p.metered, p.meteredAt, p.metering = p.targets[0].GetMetadata().NamespacedName, p.pickedAt, true
+	r.meter.Started(p.metered, p.meteredAt)
 }
 
 // ResponseBody times a request that completed. GIE also calls it, with a
@@ -169,6 +173,6 @@ func (r pickRecorder) finish(p *pick, completed bool) {
 	if r.meter == nil || !p.metering {
 		return
 	}
-	r.meter.Finished(p.metered, p.pickedAt, completed && p.crossed == "")
+	r.meter.Finished(p.metered, p.meteredAt, completed && p.crossed == "")
 	p.metering = false
 }
