@@ -25,7 +25,8 @@
 //     arrives with, which keep its pick local; the wrappers share the
 //     request's pick (pick.go);
 //  3. the federation server and subscriptions (peering.go, package
-//     federation) run next to GIE's servers;
+//     federation) run next to GIE's servers, and so does the loop that
+//     forgets the pods that went away (gonepods.go);
 //  4. fleetinfer's plugins (plugins.go: plugins/crosscluster,
 //     plugins/inflight) are registered next to GIE's, and its metrics
 //     (metrics.go) next to GIE's.
@@ -167,7 +168,7 @@ func (kubeconfigFlag) Type() string       { return "string" }
 
 // candidates builds fleetinfer's candidate lookup in place of GIE's
 // DatastoreEndpointCandidates, with the configured spill policy, and starts
-// the federation next to GIE's servers.
+// the federation and the loop that forgets gone pods next to GIE's servers.
 func (r *Runner) candidates(p gierunner.Pool) (contracts.EndpointCandidates, error) {
 	fed, err := r.fed.build(p.Name, p.Datastore, r.meter, p.Log)
 	if err != nil {
