@@ -38,16 +38,14 @@ import (
 // its own ServiceAccount) in front of real model-server simulators.
 //
 //   - pool "llm": pods llm-a and llm-b, picker "llm-epp" (FailClose);
-//   - pool "fallback": pod spare, which serves, and pod broken, which is
+//   - pool "refusing": pod spare, which serves, and pod broken, which is
 //     Ready but has nothing listening on the pool's target port; picker
-//     "fallback-epp";
+//     "refusing-epp";
 //   - pool "headless": llm-a and llm-b behind a picker Service that selects
 //     no pod, for the failure modes.
 //
-// Both pickers list two endpoints (primary and fallback) and run GIE's
-// destination-endpoint-served-verifier, which echoes the served endpoint the
-// gateway reports in ext-proc metadata as response header
-// x-conformance-test-served-endpoint.
+// Both pickers pick one endpoint (GIE's default maxNumOfEndpoints), the only
+// kind of pick deploy/envoy/envoy.yaml's ORIGINAL_DST cluster can dial.
 var (
 	gwStackOnce sync.Once
 	gwStack     *inferenceStack
@@ -64,9 +62,8 @@ type inferenceStack struct {
 }
 
 const (
-	gwServedHeader = "X-Conformance-Test-Served-Endpoint"
-	gwPodHeader    = "X-Inference-Pod"
-	gwModel        = "opt-125m"
+	gwPodHeader = "X-Inference-Pod"
+	gwModel     = "opt-125m"
 	// gwPort is the model servers' port and the pools' target port.
 	gwPort = 8000
 )
@@ -93,20 +90,20 @@ func newInferenceStack(ctx context.Context, spoke *fleet.Cluster) (*inferenceSta
 	objs = append(objs,
 		gwModelServer(s.ns, "llm-a", gwPort, map[string]string{"pool": "llm"}),
 		gwModelServer(s.ns, "llm-b", gwPort, map[string]string{"pool": "llm"}),
-		gwModelServer(s.ns, "spare", gwPort, map[string]string{"pool": "fallback"}),
+		gwModelServer(s.ns, "spare", gwPort, map[string]string{"pool": "refusing"}),
 		// broken serves on 8001 and is Ready by its probe there, but the
 		// pool sends to 8000, where connections are refused.
-		gwModelServer(s.ns, "broken", gwPort+1, map[string]string{"pool": "fallback"}),
+		gwModelServer(s.ns, "broken", gwPort+1, map[string]string{"pool": "refusing"}),
 	)
 	objs = append(objs, gwEndpointPicker(s.ns, "llm-epp", "llm")...)
-	objs = append(objs, gwEndpointPicker(s.ns, "fallback-epp", "fallback")...)
+	objs = append(objs, gwEndpointPicker(s.ns, "refusing-epp", "refusing")...)
 	objs = append(objs,
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "headless-epp", Namespace: s.ns}, Spec: corev1.ServiceSpec{
 			Selector: map[string]string{"app": "no-such-picker"},
 			Ports:    []corev1.ServicePort{{Name: "grpc", Port: 9002, TargetPort: intstrFromString("grpc")}},
 		}},
 		gwInferencePool(s.ns, "llm", "llm", "llm-epp", inferencev1.EndpointPickerFailClose),
-		gwInferencePool(s.ns, "fallback", "fallback", "fallback-epp", inferencev1.EndpointPickerFailClose),
+		gwInferencePool(s.ns, "refusing", "refusing", "refusing-epp", inferencev1.EndpointPickerFailClose),
 		gwInferencePool(s.ns, "headless", "llm", "headless-epp", inferencev1.EndpointPickerFailOpen),
 	)
 	for _, o := range objs {
@@ -164,11 +161,10 @@ func gwModelServer(ns, name string, port int32, extra map[string]string) *appsv1
 }
 
 // gwEPPConfig is GIE's default scoring without the prefix cache (whose
-// affinity would make picks of identical prompts sticky), two endpoints per
-// pick, and the served-endpoint verifier.
+// affinity would make picks of identical prompts sticky), one endpoint per
+// pick.
 const gwEPPConfig = `{"apiVersion":"inference.networking.x-k8s.io/v1alpha1","kind":"EndpointPickerConfig",` +
-	`"plugins":[{"type":"queue-scorer"},{"type":"kv-cache-utilization-scorer"},{"type":"destination-endpoint-served-verifier"},` +
-	`{"name":"picker","type":"max-score-picker","parameters":{"maxNumOfEndpoints":2}}],` +
+	`"plugins":[{"type":"queue-scorer"},{"type":"kv-cache-utilization-scorer"},{"name":"picker","type":"max-score-picker"}],` +
 	`"schedulingProfiles":[{"name":"default","plugins":[{"pluginRef":"queue-scorer"},{"pluginRef":"kv-cache-utilization-scorer"},{"pluginRef":"picker"}]}]}`
 
 // endpointPicker is GIE's EPP for one pool as its Helm chart deploys it.
@@ -284,7 +280,7 @@ func (s *inferenceStack) llmEndpoints() []string {
 
 // The ext-proc client speaks to GIE's picker as Envoy does: the request
 // headers and a body sent in several chunks get a pick whose header and
-// envoy.lb metadata agree, listing both pool endpoints (primary first), and
+// envoy.lb metadata agree, naming one of the pool's endpoints, and
 // the body back as streamed mutations; a subset hint confines the pick, and
 // an empty one is refused with 503.
 func TestExtProcPickAgreesInHeaderAndMetadataAndHonoursSubset(t *testing.T) {
@@ -317,8 +313,8 @@ func TestExtProcPickAgreesInHeaderAndMetadataAndHonoursSubset(t *testing.T) {
 		t.Errorf("header %q and metadata %v disagree", p.Header.Get(extproc.DestinationHeader), lb)
 	}
 	want := s.llmEndpoints()
-	if len(p.Endpoints) != 2 || !slices.Contains(want, p.Endpoints[0]) || !slices.Contains(want, p.Endpoints[1]) || p.Endpoints[0] == p.Endpoints[1] {
-		t.Errorf("endpoints %v, want both of %v", p.Endpoints, want)
+	if len(p.Endpoints) != 1 || !slices.Contains(want, p.Destination) {
+		t.Errorf("endpoints %v, want one of %v", p.Endpoints, want)
 	}
 	var sent, got map[string]any
 	_ = json.Unmarshal(body, &sent)
@@ -346,9 +342,9 @@ func TestExtProcPickAgreesInHeaderAndMetadataAndHonoursSubset(t *testing.T) {
 }
 
 // The whole exchange: the picked endpoint's streamed response passes through
-// the picker chunk by chunk, and the endpoint the gateway reports as served
-// (ext-proc metadata in the response phase) reaches the picker.
-func TestExtProcExchangeStreamsResponseAndReportsServedEndpoint(t *testing.T) {
+// the picker chunk by chunk, and the picker's response-header mutation
+// reaches the client.
+func TestExtProcExchangeStreamsResponseThroughPicker(t *testing.T) {
 	s := gatewayStack(t)
 	c, err := extproc.Dial(s.llmEPP)
 	if err != nil {
@@ -374,15 +370,15 @@ func TestExtProcExchangeStreamsResponseAndReportsServedEndpoint(t *testing.T) {
 	var status int
 	var hdr http.Header
 	var chunks [][]byte
-	err = ex.Respond(&extproc.Response{Status: resp.StatusCode, Header: resp.Header, Body: resp.Body, Served: p.Primary()}, extproc.Sink{
+	err = ex.Respond(&extproc.Response{Status: resp.StatusCode, Header: resp.Header, Body: resp.Body}, extproc.Sink{
 		Headers: func(code int, h http.Header) error { status, hdr = code, h; return nil },
 		Body:    func(b []byte) error { chunks = append(chunks, append([]byte(nil), b...)); return nil },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if status != http.StatusOK || hdr.Get(gwServedHeader) != p.Primary() || hdr.Get("X-Went-Into-Resp-Headers") != "true" {
-		t.Errorf("status %d, served %q (want %s), headers %v", status, hdr.Get(gwServedHeader), p.Primary(), hdr)
+	if status != http.StatusOK || hdr.Get("X-Went-Into-Resp-Headers") != "true" {
+		t.Errorf("status %d, headers %v", status, hdr)
 	}
 	all := bytes.Join(chunks, nil)
 	if len(chunks) < 3 || !bytes.Contains(all, []byte("data: [DONE]")) {
@@ -408,9 +404,8 @@ func TestGatewayServesCompletionsThroughPickerStreamingSSE(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &out) != nil || len(out.Choices) == 0 {
 		t.Fatalf("completion: %s %s", resp.Status, b)
 	}
-	served := resp.Header.Get(gwServedHeader)
-	if !slices.Contains(s.llmEndpoints(), served) || served != gwEndpointOf(s, resp.Header.Get(gwPodHeader)) {
-		t.Errorf("served endpoint %q, pod %q; want one of %v", served, resp.Header.Get(gwPodHeader), s.llmEndpoints())
+	if served := gwEndpointOf(s, resp.Header.Get(gwPodHeader)); !slices.Contains(s.llmEndpoints(), served) {
+		t.Errorf("served by pod %q (%s); want one of %v", resp.Header.Get(gwPodHeader), served, s.llmEndpoints())
 	}
 
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", bytes.NewReader(gwCompletion("Stream through the gateway", true, 16)))
@@ -538,8 +533,10 @@ func TestGatewayRewritesPathAndProgramsRouteAndPoolStatus(t *testing.T) {
 }
 
 // The pool's failureMode decides when its picker is down (its Service has no
-// ready pod): FailOpen serves from a random ready pod of the pool, FailClose
-// answers 503.
+// ready pod), as Envoy's failure_mode_allow does with deploy/envoy/envoy.yaml:
+// FailOpen lets the request go on without a pick, which the ORIGINAL_DST
+// cluster has no destination for (503, counted as failed open), FailClose
+// answers ext_proc's 500.
 func TestGatewayFailsOpenOrClosedWhenPickerIsDown(t *testing.T) {
 	s := gatewayStack(t)
 	ctx := context.Background()
@@ -550,8 +547,8 @@ func TestGatewayFailsOpenOrClosedWhenPickerIsDown(t *testing.T) {
 
 	for range 3 {
 		resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion("fail open", false, 2), nil)
-		if resp.StatusCode != http.StatusOK || gwEndpointOf(s, resp.Header.Get(gwPodHeader)) == "" {
-			t.Fatalf("FailOpen: %s %s (pod %q)", resp.Status, b, resp.Header.Get(gwPodHeader))
+		if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Contains(b, []byte("no healthy upstream")) || resp.Header.Get(gwPodHeader) != "" {
+			t.Fatalf("FailOpen: %s %s (pod %q); want 503 no healthy upstream", resp.Status, b, resp.Header.Get(gwPodHeader))
 		}
 	}
 	if after := gwMetricSum(t, s.spoke, "fleetinfer_gateway_epp_fail_open_total", nil); after-before != 3 {
@@ -566,39 +563,45 @@ func TestGatewayFailsOpenOrClosedWhenPickerIsDown(t *testing.T) {
 	if err := s.spoke.Client.Update(ctx, &pool); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 10*time.Second, "FailClose answers 503", func(context.Context) error {
+	testutil.Eventually(t, 10*time.Second, "FailClose answers 500", func(context.Context) error {
 		resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion("fail closed", false, 2), nil)
-		if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Contains(b, []byte("endpoint picker unavailable")) {
+		if resp.StatusCode != http.StatusInternalServerError || !bytes.Contains(b, []byte("endpoint picker unavailable")) {
 			return fmt.Errorf("%s %s", resp.Status, b)
 		}
 		return nil
 	})
 }
 
-// The picker lists a primary and a fallback endpoint; when the primary
-// refuses connections the gateway serves from the next one, and the
-// served-endpoint metadata names the pod that actually answered.
-func TestGatewayFallsBackWhenFirstEndpointRefusesConnections(t *testing.T) {
+// A picked endpoint that refuses connections is tried once, as the file's
+// ORIGINAL_DST cluster, with no retry policy, tries it: the client gets 503
+// and the gateway moves on to no other pod. The picker picks between the two
+// idle pods at random, so 16 requests reach both (all 16 to one of them: 1
+// in 32,768).
+func TestGatewayTriesAPickedEndpointOnce(t *testing.T) {
 	s := gatewayStack(t)
-	const host = "fallback.gateway.test"
-	gwCreateRoute(t, s, fedpool.Route(s.ns, "fallback", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("fallback")}))
+	const host = "refusing.gateway.test"
+	gwCreateRoute(t, s, fedpool.Route(s.ns, "refusing", host, gatewayv1.HTTPRouteRule{BackendRefs: gwPoolBackend("refusing")}))
 	base := s.spoke.GatewayURL()
-	before := gwMetricSum(t, s.spoke, "fleetinfer_gateway_upstream_fallbacks_total", nil)
-	spare := net.JoinHostPort(s.spare.Status.PodIP, fmt.Sprint(gwPort))
-	// The picker orders the two idle endpoints at random: 16 requests put
-	// the broken one first about 8 times (all 16 the other way round: 1 in
-	// 65,536).
+	before := gwMetricSum(t, s.spoke, "fleetinfer_gateway_upstream_retries_total", nil)
+	var served, refused int
 	for i := range 16 {
-		resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion(fmt.Sprintf("fallback %d", i), false, 2), nil)
-		if resp.StatusCode != http.StatusOK || resp.Header.Get(gwPodHeader) != s.spare.Name || resp.Header.Get(gwServedHeader) != spare {
-			t.Fatalf("request %d: %s from pod %q, served %q: %s", i, resp.Status, resp.Header.Get(gwPodHeader), resp.Header.Get(gwServedHeader), b)
+		resp, b := gwPost(t, base, host, "/v1/completions", gwCompletion(fmt.Sprintf("refusing %d", i), false, 2), nil)
+		switch {
+		case resp.StatusCode == http.StatusOK && resp.Header.Get(gwPodHeader) == s.spare.Name:
+			served++
+		case resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(b, []byte("upstream connect error")):
+			refused++
+		default:
+			t.Fatalf("request %d: %s from pod %q: %s", i, resp.Status, resp.Header.Get(gwPodHeader), b)
 		}
 	}
-	fallbacks := gwMetricSum(t, s.spoke, "fleetinfer_gateway_upstream_fallbacks_total", nil) - before
-	if fallbacks < 1 {
-		t.Errorf("no fallback in 16 requests")
+	if served == 0 || refused == 0 {
+		t.Errorf("%d served by %s and %d refused; want both kinds", served, s.spare.Name, refused)
 	}
-	t.Logf("%v of 16 requests fell back from %s to %s", fallbacks, s.broken.Status.PodIP, spare)
+	if retries := gwMetricSum(t, s.spoke, "fleetinfer_gateway_upstream_retries_total", nil) - before; retries != 0 {
+		t.Errorf("%v retries; a picked endpoint is tried once", retries)
+	}
+	t.Logf("%d of 16 requests served by %s, %d refused by %s", served, s.spare.Name, refused, s.broken.Status.PodIP)
 }
 
 // A client does not name endpoints: as deploy/envoy/envoy.yaml does, the

@@ -16,6 +16,11 @@ import (
 	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
+// localPods lists the pool's pods in this cluster: GIE's datastore.
+type localPods interface {
+	PodList(func(fwkdl.Endpoint) bool) []fwkdl.Endpoint
+}
+
 // candidates is fleetinfer's candidate lookup, in place of GIE's
 // DatastoreEndpointCandidates (requestcontrol/candidates.go), which reads
 // the local datastore only and matches subset hints by IP alone.
@@ -40,9 +45,7 @@ import (
 //     decides: FailOpen picks among all local endpoints, FailClose returns
 //     none (503). An empty hint list means no candidates, as in GIE.
 type candidates struct {
-	ds interface {
-		PodList(func(fwkdl.Endpoint) bool) []fwkdl.Endpoint
-	}
+	ds localPods
 	// remote holds the peers' endpoints; nil without federation.
 	remote remoteEndpoints
 	// spill decides when remote endpoints replace the local ones, and

@@ -7,7 +7,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
-	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
 	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 	"github.com/fleetinfer/fleetinfer/epp/spill"
@@ -24,9 +23,7 @@ const forgetInterval = time.Minute
 // pods are replaced by every rollout, would keep them for every pod it ever
 // sent to.
 type gonePods struct {
-	ds interface {
-		PodList(func(fwkdl.Endpoint) bool) []fwkdl.Endpoint
-	}
+	ds localPods
 	// remote, nil without federation, lists the remote pods the meter
 	// also measures while they are published.
 	remote remoteEndpoints

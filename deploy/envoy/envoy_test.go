@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fleetinfer/fleetinfer/deploy/envoy"
+	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 	"github.com/fleetinfer/fleetinfer/spoke/presets"
 )
@@ -249,8 +250,8 @@ func checkProtocol(bs *bootstrapv3.Bootstrap, failOpen bool) error {
 
 	// Routes: to an ORIGINAL_DST cluster that dials the EPP's header, with
 	// no route timeout to cut a streamed completion.
-	if hcm.GetStreamIdleTimeout().AsDuration() <= 0 {
-		fail("no stream_idle_timeout: nothing bounds a stalled EPP or upstream")
+	if d := hcm.GetStreamIdleTimeout().AsDuration(); d != gateway.DefaultStreamIdleTimeout {
+		fail("stream_idle_timeout %v differs from the local gateway's bound on a stalled EPP, gateway.DefaultStreamIdleTimeout %v", d, gateway.DefaultStreamIdleTimeout)
 	}
 	routes := 0
 	for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
@@ -259,6 +260,9 @@ func checkProtocol(bs *bootstrapv3.Bootstrap, failOpen bool) error {
 			ra := r.GetRoute()
 			if ra.GetTimeout() == nil || ra.GetTimeout().AsDuration() != 0 {
 				fail("route %q has a timeout (%v); Envoy's default 15 s cuts streamed completions", r.GetMatch().GetPrefix(), ra.GetTimeout().AsDuration())
+			}
+			if ra.GetRetryPolicy() != nil || hcm.GetRouteConfig().GetVirtualHosts()[0].GetRetryPolicy() != nil {
+				fail("route %q retries; the local gateway tries a picked endpoint once", r.GetMatch().GetPrefix())
 			}
 			c := clusterNamed(bs, ra.GetCluster())
 			switch {
@@ -269,6 +273,9 @@ func checkProtocol(bs *bootstrapv3.Bootstrap, failOpen bool) error {
 			case !c.GetOriginalDstLbConfig().GetUseHttpHeader() || c.GetOriginalDstLbConfig().GetHttpHeaderName() != extproc.DestinationHeader:
 				fail("cluster %q does not dial the %s header (use_http_header %v, http_header_name %q)", c.GetName(),
 					extproc.DestinationHeader, c.GetOriginalDstLbConfig().GetUseHttpHeader(), c.GetOriginalDstLbConfig().GetHttpHeaderName())
+			case c.GetConnectTimeout().AsDuration() != gateway.DefaultConnectTimeout:
+				fail("cluster %q connect_timeout %v differs from the local gateway's gateway.DefaultConnectTimeout %v", c.GetName(),
+					c.GetConnectTimeout().AsDuration(), gateway.DefaultConnectTimeout)
 			}
 		}
 	}
@@ -309,6 +316,9 @@ func TestBrokenBootstrapsFail(t *testing.T) {
 		{"buffered body", "request_body_mode: FULL_DUPLEX_STREAMED", "request_body_mode: BUFFERED", "processing_mode"},
 		{"other header", "http_header_name: x-gateway-destination-endpoint", "http_header_name: x-envoy-original-dst-host", "does not dial"},
 		{"route timeout", "\n                  timeout: 0s", "\n                  timeout: 15s", "has a timeout"},
+		{"retries", "\n                  timeout: 0s", "\n                  timeout: 0s\n                  retry_policy: {retry_on: connect-failure, num_retries: 2}", "retries"},
+		{"idle timeout", "stream_idle_timeout: 300s", "stream_idle_timeout: 10s", "DefaultStreamIdleTimeout"},
+		{"connect timeout", "before its 503.\n    connect_timeout: 2s", "before its 503.\n    connect_timeout: 5s", "DefaultConnectTimeout"},
 		{"failure mode", "failure_mode_allow: true", "failure_mode_allow: false", "failure_mode_allow"},
 		{"message timeout", "message_timeout: 10s", "message_timeout: 1000s", "DefaultMessageTimeout"},
 		{"client header kept", "- remove: x-gateway-destination-endpoint\n", "", "not removed"},

@@ -22,12 +22,21 @@
 // ResponseHeaderModifier); backendRefs are chosen by weight. A Service
 // backend goes to its Ready pods round robin. An InferencePool backend asks
 // the pool's endpoint picker over ext-proc (package extproc, Envoy's
-// FULL_DUPLEX_STREAMED exchange), forwards to the picked endpoint, trying the
-// comma-separated fallbacks in order when a connection fails, and streams the
-// response back through the picker chunk by chunk. The picker's
-// ImmediateResponse (400, 429, 503, ...) is the client's answer. When the
-// picker cannot be reached or fails, the pool's failureMode decides: FailOpen
-// sends the request to a random Ready pod of the pool, FailClose answers 503.
+// FULL_DUPLEX_STREAMED exchange), forwards to the picked endpoint and streams
+// the response back through the picker chunk by chunk. The picker's
+// ImmediateResponse (400, 429, 503, ...) is the client's answer.
+//
+// For picks the gateway does what deploy/envoy/envoy.yaml makes Envoy do, and
+// nothing more: its ORIGINAL_DST cluster dials the one ip:port in
+// x-gateway-destination-endpoint, once (503 when the value is not one
+// address, such as a comma-separated fallback list, and 503 when the
+// connection fails: no retries); the picker's answers are bounded only by the
+// stream idle timeout (408); and the response phase reports no served
+// endpoint. When the picker cannot be reached or fails, the pool's
+// failureMode decides as Envoy's failure_mode_allow does: FailClose answers
+// 500, FailOpen lets the request go on without a pick, which ORIGINAL_DST has
+// no destination for (503), and lets a response the picker failed on pass
+// through unprocessed.
 //
 // Endpoints are resolved from Pods, not EndpointSlices, which cannot exist in
 // the local fleet (the API server refuses loopback addresses in them).
@@ -88,6 +97,15 @@ const DefaultAdminPort = 15090
 // upstreamIdleTimeout is how long an idle upstream connection stays open.
 const upstreamIdleTimeout = time.Hour
 
+// DefaultStreamIdleTimeout is deploy/envoy/envoy.yaml's stream_idle_timeout.
+// Envoy's ext_proc message timer does not run with FULL_DUPLEX_STREAMED
+// bodies, so this idle limit is what ends a wait for the endpoint picker.
+const DefaultStreamIdleTimeout = 5 * time.Minute
+
+// DefaultConnectTimeout is the file's connect_timeout for the pool's
+// ORIGINAL_DST cluster, used for every upstream.
+const DefaultConnectTimeout = 2 * time.Second
+
 // Options configures a gateway.
 type Options struct {
 	// Config reaches the cluster's API server with rights to read the
@@ -106,13 +124,16 @@ type Options struct {
 	// (default 127.0.0.0/8): whatever a picker answers, nothing else is
 	// dialled.
 	AllowedTargets []netip.Prefix
-	// ConnectTimeout bounds each upstream connection attempt (default 2 s).
+	// ConnectTimeout bounds each upstream connection attempt (default
+	// DefaultConnectTimeout).
 	ConnectTimeout time.Duration
-	// EPPMessageTimeout bounds each wait for an endpoint-picker answer that
-	// is due (default extproc.DefaultMessageTimeout).
-	EPPMessageTimeout time.Duration
+	// StreamIdleTimeout bounds each wait for an endpoint-picker answer that
+	// is due (default DefaultStreamIdleTimeout): a request that waits longer
+	// gets 408 if its response has not begun, as from Envoy's stream idle
+	// timer.
+	StreamIdleTimeout time.Duration
 	// MaxRequestBody is the largest request body accepted (default 32 MiB);
-	// the gateway holds bodies for retries, fail-open and parent mode, as
+	// the gateway holds bodies to retry a Service backend's next pod, as
 	// Envoy buffers them for retries. Larger ones get 413.
 	MaxRequestBody int64
 	// ShutdownGrace is how long Stop lets requests in flight finish
@@ -184,10 +205,10 @@ func New(opts Options) (*Gateway, error) {
 		opts.AllowedTargets = defaultAllowedTargets
 	}
 	if opts.ConnectTimeout <= 0 {
-		opts.ConnectTimeout = 2 * time.Second
+		opts.ConnectTimeout = DefaultConnectTimeout
 	}
-	if opts.EPPMessageTimeout <= 0 {
-		opts.EPPMessageTimeout = extproc.DefaultMessageTimeout
+	if opts.StreamIdleTimeout <= 0 {
+		opts.StreamIdleTimeout = DefaultStreamIdleTimeout
 	}
 	if opts.MaxRequestBody <= 0 {
 		opts.MaxRequestBody = 32 << 20
@@ -200,7 +221,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g := &Gateway{
 		opts: opts, log: opts.Log.WithValues("gateway", opts.Gateway.String()),
-		metrics: newMetrics(), epps: newEPPClients(extproc.WithMessageTimeout(opts.EPPMessageTimeout)),
+		metrics: newMetrics(), epps: newEPPClients(extproc.WithMessageTimeout(opts.StreamIdleTimeout)),
 		allowed: opts.AllowedTargets, dirty: make(chan struct{}, 1), servers: map[int32]*server{},
 	}
 	// Upstream connections leave from the gateway's own address, as Envoy's

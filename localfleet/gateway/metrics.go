@@ -26,12 +26,12 @@ type metrics struct {
 	// pick is the endpoint picker's answer time (request headers sent to
 	// their answer) by pool and outcome: picked, immediate_response, error.
 	pick *prometheus.HistogramVec
-	// failOpen counts requests sent to a random pod because the picker
+	// failOpen counts requests that went on without the picker because it
 	// failed and the pool is FailOpen.
 	failOpen *prometheus.CounterVec
-	// fallbacks counts connection failures that moved a request on to the
-	// next endpoint the picker listed.
-	fallbacks *prometheus.CounterVec
+	// retries counts connection failures that moved a request on to a
+	// Service backend's next Ready pod.
+	retries *prometheus.CounterVec
 	// destinations counts picks by where they led: local, or remote
 	// (another cluster's pod or gateway).
 	destinations *prometheus.CounterVec
@@ -63,10 +63,10 @@ func newMetrics() *metrics {
 			Help: "Time from sending the request headers to the endpoint picker to its answer.", Buckets: fast},
 			[]string{"pool", "outcome"}),
 		failOpen: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_epp_fail_open_total",
-			Help: "Requests sent to a random ready pod because the endpoint picker failed and the pool fails open."},
+			Help: "Requests that went on without the endpoint picker because it failed and the pool fails open: 503 without a pick (no destination), a response passed through unprocessed."},
 			[]string{"pool"}),
-		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_upstream_fallbacks_total",
-			Help: "Upstream connection failures after which the next endpoint the picker listed was tried."},
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_upstream_retries_total",
+			Help: "Upstream connection failures after which a Service backend's next ready pod was tried; a picker's destination is tried once."},
 			[]string{"backend"}),
 		destinations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetinfer_gateway_epp_destinations_total",
 			Help: "Endpoint picker destinations used, by kind: local, or remote (another cluster's pod or gateway)."},
@@ -75,7 +75,7 @@ func newMetrics() *metrics {
 			Help: "Upstream connections opened, by upstream: backend (a route's backend) or picked (an endpoint picker's destination)."},
 			[]string{"upstream"}),
 	}
-	m.registry.MustRegister(m.requests, m.duration, m.upstreamHeaders, m.upstreamDuration, m.pick, m.failOpen, m.fallbacks, m.destinations,
+	m.registry.MustRegister(m.requests, m.duration, m.upstreamHeaders, m.upstreamDuration, m.pick, m.failOpen, m.retries, m.destinations,
 		m.upstreamConnections)
 	return m
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -25,8 +24,10 @@ type listenerKind string
 // Gateway's own listeners.
 const publicListener listenerKind = "public"
 
-// maxAttempts bounds the endpoints tried for one request when connections
-// fail, like the connect-failure retries Istio configures by default.
+// maxAttempts bounds the pods of a Service backend tried for one request
+// when connections fail, like the connect-failure retries Istio configures
+// by default. A picker's destination is tried once: ORIGINAL_DST has no
+// other host to retry on.
 const maxAttempts = 3
 
 func (g *Gateway) handler(kind listenerKind, port int32) http.Handler {
@@ -124,12 +125,11 @@ func removeHopByHop(h http.Header) {
 	}
 }
 
-// readBody reads the whole request body, which the gateway keeps to replay
-// on another endpoint after a connection failure, to fail open and to
-// forward in parent mode (Envoy buffers for retries too). Reading it before
-// the picker sees it loses only the overlap of the upload with the transfer
-// to the picker, which GIE's picker waits for in full anyway; the picker
-// still gets it in chunks.
+// readBody reads the whole request body, which the gateway keeps to retry a
+// Service backend's next pod after a connection failure (Envoy buffers for
+// retries too). Reading it before the picker sees it loses only the overlap
+// of the upload with the transfer to the picker, which GIE's picker waits
+// for in full anyway; the picker still gets it in chunks.
 func (g *Gateway) readBody(w *responseWriter, r *http.Request, rec *record) ([]byte, bool) {
 	if r.ContentLength == 0 {
 		return nil, true
@@ -158,16 +158,7 @@ func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Requ
 		defer ex.Close()
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			g.contextDone(ctx, w, rec)
-			return
-		}
-		g.log.Error(err, "endpoint picker failed", "pool", pool.key.String(), "failOpen", pool.failOpen)
-		if !pool.failOpen {
-			g.reply(w, rec, http.StatusServiceUnavailable, "endpoint picker unavailable: "+err.Error())
-			return
-		}
-		g.serveFailOpen(ctx, w, r, e, b, body, rec)
+		g.pickFailed(ctx, w, pool, err, rec)
 		return
 	}
 	p := ex.Pick()
@@ -182,14 +173,21 @@ func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Requ
 	// mutations left it, with the route's filters applied, as Envoy sends
 	// it to its ORIGINAL_DST cluster. A Parent-mode pick's marks are among
 	// those mutations.
-	targets := p.Endpoints
+	target, ok := originalDstHost(p.Destination)
+	if !ok {
+		// ORIGINAL_DST parses the header as one address: a fallback list
+		// finds no host (Envoy counts original_dst_host_invalid).
+		g.reply(w, rec, http.StatusServiceUnavailable, "no healthy upstream")
+		rec.note = fmt.Sprintf("no healthy upstream: %s %q is not one ip:port", extproc.DestinationHeader, p.Destination)
+		return
+	}
 	path, host := rewrite(b, p.Path, r.Host)
 	build := func(int) *outbound {
 		h := p.Header.Clone()
 		modifyHeaders(h, b.filters.requestHeaders)
 		return &outbound{method: p.Method, uri: path, host: host, header: h, body: p.Body, h2c: pool.h2c, originalDst: true}
 	}
-	resp := g.forward(ctx, w, rec, targets, build, e.action.backendTimeout, b.label)
+	resp := g.forward(ctx, w, rec, []string{target}, build, e.action.backendTimeout, b.label)
 	if resp == nil {
 		return
 	}
@@ -253,20 +251,39 @@ func classify(ep string, pool *poolTarget) destination {
 	return remote
 }
 
-// serveFailOpen sends the request, untouched by any picker, to random Ready
-// pods of the pool.
-func (g *Gateway) serveFailOpen(ctx context.Context, w *responseWriter, r *http.Request, e *routeEntry, b *backend, body []byte, rec *record) {
-	pool := b.pool
-	candidates := pool.endpoints
-	if len(candidates) == 0 {
-		g.reply(w, rec, http.StatusServiceUnavailable, "endpoint picker unavailable and no ready endpoint to fail open to in pool "+pool.key.String())
-		return
+// originalDstHost is the host Envoy's ORIGINAL_DST cluster makes of an
+// x-gateway-destination-endpoint value: one literal ip:port, or none.
+func originalDstHost(v string) (string, bool) {
+	ap, err := netip.ParseAddrPort(v)
+	if err != nil {
+		return "", false
 	}
-	rec.failOpen = true
-	g.metrics.failOpen.WithLabelValues(pool.key.String()).Inc()
-	targets := append([]string(nil), candidates...)
-	rand.Shuffle(len(targets), func(i, j int) { targets[i], targets[j] = targets[j], targets[i] })
-	g.serveDirect(ctx, w, r, e, b, body, targets[:min(len(targets), maxAttempts)], pool.h2c, rec)
+	return ap.String(), true
+}
+
+// pickFailed answers a request whose picker could not be reached, failed or
+// did not answer in time, as Envoy's ext_proc filter and connection manager
+// do.
+func (g *Gateway) pickFailed(ctx context.Context, w *responseWriter, pool *poolTarget, err error, rec *record) {
+	switch {
+	case ctx.Err() != nil:
+		g.contextDone(ctx, w, rec)
+	case errors.Is(err, extproc.ErrMessageTimeout):
+		// The stream idle timer, not ext_proc's, ends the wait.
+		g.log.Error(err, "endpoint picker did not answer", "pool", pool.key.String())
+		g.reply(w, rec, http.StatusRequestTimeout, "stream timeout")
+	case pool.failOpen:
+		// failure_mode_allow: the request goes on without the picker's
+		// header, and ORIGINAL_DST has no other way to a host.
+		g.log.Error(err, "endpoint picker failed; the pool fails open, but without a pick there is no destination", "pool", pool.key.String())
+		rec.failOpen = true
+		g.metrics.failOpen.WithLabelValues(pool.key.String()).Inc()
+		g.reply(w, rec, http.StatusServiceUnavailable, "no healthy upstream")
+		rec.note = "failed open without a destination: " + err.Error()
+	default:
+		g.log.Error(err, "endpoint picker failed", "pool", pool.key.String())
+		g.reply(w, rec, http.StatusInternalServerError, "endpoint picker unavailable: "+err.Error())
+	}
 }
 
 // serveService sends the request to the Service's Ready pods, round robin,
@@ -357,7 +374,7 @@ func (g *Gateway) roundTrip(ctx context.Context, targets []string, build func(in
 	var last error
 	for i, t := range targets {
 		if i > 0 {
-			g.metrics.fallbacks.WithLabelValues(label).Inc()
+			g.metrics.retries.WithLabelValues(label).Inc()
 		}
 		if !g.allowedTarget(t) {
 			last = fmt.Errorf("%s: %w", t, errNotAllowed)
@@ -447,7 +464,8 @@ func (b *timedBody) Close() error {
 
 // respond passes the upstream response through the picker's response phase
 // to the client. When the picker fails before the client got headers, the
-// failure mode decides between the unprocessed response and a 503; after
+// failure mode decides between the unprocessed response and a 500 (408 when
+// it did not answer within the stream idle timeout); after
 // that the client connection is aborted, since chunks the picker held are
 // lost.
 func (g *Gateway) respond(w *responseWriter, r *http.Request, resp *http.Response, ex *extproc.Exchange, b *backend, rec *record) {
@@ -483,7 +501,7 @@ func (g *Gateway) respond(w *responseWriter, r *http.Request, resp *http.Respons
 			return nil
 		},
 	}
-	err := ex.Respond(&extproc.Response{Status: resp.StatusCode, Header: h, Body: body, Trailer: resp.Trailer, Served: rec.upstream}, sink)
+	err := ex.Respond(&extproc.Response{Status: resp.StatusCode, Header: h, Body: body, Trailer: resp.Trailer}, sink)
 	if err == nil {
 		return
 	}
@@ -492,6 +510,9 @@ func (g *Gateway) respond(w *responseWriter, r *http.Request, resp *http.Respons
 	case w.status == 0 && errors.As(err, &ir):
 		rec.note = "endpoint picker answered " + strconv.Itoa(ir.Status)
 		ir.Write(w)
+	case w.status == 0 && r.Context().Err() == nil && errors.Is(err, extproc.ErrMessageTimeout):
+		g.log.Error(err, "endpoint picker did not answer on the response", "pool", b.pool.key.String())
+		g.reply(w, rec, http.StatusRequestTimeout, "stream timeout")
 	case w.status == 0 && r.Context().Err() == nil && b.pool.failOpen:
 		g.log.Error(err, "endpoint picker failed on the response; passing it through", "pool", b.pool.key.String())
 		rec.failOpen = true
@@ -499,7 +520,7 @@ func (g *Gateway) respond(w *responseWriter, r *http.Request, resp *http.Respons
 		g.passThrough(w, r, resp, b)
 	case w.status == 0 && r.Context().Err() == nil:
 		g.log.Error(err, "endpoint picker failed on the response", "pool", b.pool.key.String())
-		g.reply(w, rec, http.StatusServiceUnavailable, "endpoint picker failed on the response: "+err.Error())
+		g.reply(w, rec, http.StatusInternalServerError, "endpoint picker failed on the response: "+err.Error())
 	default:
 		if r.Context().Err() == nil {
 			g.log.Error(err, "response aborted", "pool", b.pool.key.String())

@@ -87,10 +87,9 @@ type poolTarget struct {
 	key      types.NamespacedName
 	failOpen bool
 	h2c      bool
-	// endpoints are ip:port of every Ready pod for every target port,
-	// sorted; local is the same as a set.
-	endpoints []string
-	local     map[string]bool
+	// local holds ip:port of every Ready pod for every target port: the
+	// destinations that stay in the cluster.
+	local map[string]bool
 	// epp lists ip:port of the Ready pods behind the endpoint picker's
 	// Service; eppProblem says why there are none to ask, if the reference
 	// itself is broken.
@@ -633,7 +632,6 @@ func (t *translator) pool(key types.NamespacedName) *poolTarget {
 	for _, pod := range t.readyPods(key.Namespace, toStringMap(ip.Spec.Selector.MatchLabels)) {
 		for _, tp := range ip.Spec.TargetPorts {
 			ep := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(int(tp.Number)))
-			p.endpoints = append(p.endpoints, ep)
 			p.local[ep] = true
 		}
 	}

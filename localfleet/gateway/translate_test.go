@@ -178,7 +178,7 @@ func TestPoolResolvesReadyEndpointsPickerAndStatus(t *testing.T) {
 	w.routes = []gatewayv1.HTTPRoute{httpRoute("r", toGateway(), gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{ref(inferencev1.GroupName, "InferencePool", "", "llm", 0)}})}
 	tr := translate(ControllerName, w)
 	p := tr.cfg.listeners[8080].any.entries[0].action.backends[0].pool
-	if len(p.endpoints) != 1 || p.endpoints[0] != "127.11.0.1:8000" || !p.failOpen || len(p.epp) != 1 || p.epp[0] != "127.11.0.3:9002" {
+	if len(p.local) != 1 || !p.local["127.11.0.1:8000"] || !p.failOpen || len(p.epp) != 1 || p.epp[0] != "127.11.0.3:9002" {
 		t.Errorf("pool %+v; want the Ready pod only and the picker's pod at its named port", p)
 	}
 	if !tr.cfg.epps["127.11.0.3:9002"] {

@@ -12,7 +12,7 @@
 // namespace envoy.lb, and clear_route_cache, followed by the (possibly
 // rewritten) body as streamed mutations. The response phase sends the
 // upstream's headers and body chunks, each message carrying envoy.lb with the
-// served endpoint, and hands back every chunk the processor releases, so an
+// destination, and hands back every chunk the processor releases, so an
 // SSE stream passes through chunk by chunk. An ImmediateResponse ends the
 // exchange at any point and becomes the HTTP answer.
 //
@@ -256,7 +256,7 @@ func (c *Client) PickServed(ctx context.Context, req *Request, status int) (*Pic
 	if p.Immediate != nil {
 		return p, nil
 	}
-	if err := ex.Respond(&Response{Status: status, Served: p.Primary()}, Sink{Headers: func(int, http.Header) error { return nil }}); err != nil {
+	if err := ex.Respond(&Response{Status: status}, Sink{Headers: func(int, http.Header) error { return nil }}); err != nil {
 		return nil, fmt.Errorf("ext-proc: response phase: %w", err)
 	}
 	return p, nil
@@ -360,7 +360,7 @@ func (e *Exchange) next(timeout time.Duration, stop <-chan struct{}) (*extprocv3
 		}
 		return r.m, nil
 	case <-expire:
-		return nil, fmt.Errorf("ext-proc: no answer within the message timeout %s", timeout)
+		return nil, fmt.Errorf("ext-proc: no answer within %s: %w", timeout, ErrMessageTimeout)
 	case <-stop:
 		return nil, errStopped
 	case <-e.ctx.Done():
@@ -369,6 +369,10 @@ func (e *Exchange) next(timeout time.Duration, stop <-chan struct{}) (*extprocv3
 }
 
 var errStopped = errors.New("stopped")
+
+// ErrMessageTimeout marks an exchange that ended because an answer that was
+// due did not come within the client's message timeout.
+var ErrMessageTimeout = errors.New("message timeout")
 
 // answer is next for a message the exchange is waiting for: an
 // ImmediateResponse ends the exchange and comes back as the error, and the

@@ -147,8 +147,8 @@ func TestSubsetHintMetadata(t *testing.T) {
 	if l, ok := empty[SubsetKey].([]any); !ok || len(l) != 0 {
 		t.Errorf("empty hint: %v, want an empty list", empty)
 	}
-	md := responseMetadata("127.0.0.1:8000,127.0.0.2:8000", "127.0.0.2:8000", []string{"127.0.0.2:8000"}).GetFilterMetadata()
-	want := map[string]any{DestinationHeader: "127.0.0.1:8000,127.0.0.2:8000", ServedKey: "127.0.0.2:8000"}
+	md := responseMetadata("127.0.0.1:8000,127.0.0.2:8000", []string{"127.0.0.2:8000"}).GetFilterMetadata()
+	want := map[string]any{DestinationHeader: "127.0.0.1:8000,127.0.0.2:8000"}
 	if got := md[LBNamespace].AsMap(); !reflect.DeepEqual(got, want) {
 		t.Errorf("envoy.lb %v, want %v", got, want)
 	}

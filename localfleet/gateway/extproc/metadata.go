@@ -16,11 +16,8 @@ const (
 	// comma-separated fallbacks, in the EPP's request header mutation.
 	DestinationHeader = eppmetadata.DestinationEndpointKey
 	// LBNamespace is the dynamic-metadata namespace holding the same value
-	// under DestinationHeader, and the served endpoint under ServedKey in the
-	// response phase.
+	// under DestinationHeader.
 	LBNamespace = eppmetadata.DestinationEndpointNamespace
-	// ServedKey names the endpoint that actually served the request.
-	ServedKey = eppmetadata.DestinationEndpointServedKey
 	// SubsetNamespace and SubsetKey carry the subset hint: the list of
 	// "ip:port" the EPP must pick from.
 	SubsetNamespace = eppmetadata.SubsetFilterNamespace
@@ -76,15 +73,16 @@ func requestMetadata(subset []string) *corev3.Metadata {
 }
 
 // responseMetadata is the metadata_context of response-phase messages: the
-// envoy.lb namespace as the load balancer left it (the EPP's destination and
-// the endpoint that served), plus the subset hint if the request had one.
-func responseMetadata(destination, served string, subset []string) *corev3.Metadata {
+// envoy.lb namespace as deploy/envoy/envoy.yaml forwards it (the EPP's
+// destination, which the stream's dynamic metadata kept), plus the subset
+// hint if the request had one. The Endpoint Picker Protocol also asks a data
+// plane to report the endpoint that served
+// (x-gateway-destination-endpoint-served); Envoy's ORIGINAL_DST cluster
+// writes no such entry, so neither does this client.
+func responseMetadata(destination string, subset []string) *corev3.Metadata {
 	lb := map[string]*structpb.Value{}
 	if destination != "" {
 		lb[DestinationHeader] = structpb.NewStringValue(destination)
-	}
-	if served != "" {
-		lb[ServedKey] = structpb.NewStringValue(served)
 	}
 	md := requestMetadata(subset)
 	if md == nil {

@@ -24,9 +24,6 @@ type Response struct {
 	// Trailer is read once Body is exhausted, as http.Response fills its
 	// Trailer map then.
 	Trailer http.Header
-	// Served is the endpoint that served the request, reported in envoy.lb
-	// metadata as x-gateway-destination-endpoint-served.
-	Served string
 }
 
 // Sink receives the response as the processor releases it.
@@ -58,7 +55,7 @@ func (e *Exchange) Respond(resp *Response, sink Sink) error {
 	if e.finished {
 		return errors.New("ext-proc: the exchange is already finished")
 	}
-	md := responseMetadata(e.pick.Destination, resp.Served, e.subset)
+	md := responseMetadata(e.pick.Destination, e.subset)
 	h := headers{{":status", strconv.Itoa(resp.Status)}}
 	h.fromHTTP(resp.Header)
 	if err := e.send(&extprocv3.ProcessingRequest{
