@@ -109,21 +109,35 @@ func (l *RequestLimits) release(n int64) { l.buffered.Add(-n) }
 // request body GIE's StreamingServer receives through it. When a chunk
 // breaks a limit it answers with an ImmediateResponse itself and ends the
 // stream for the server (io.EOF), which then returns without the chunk.
+//
+// It also refuses (400) a request body message after the request ended (a
+// body message, or headers, with end_of_stream). Envoy never sends one, but
+// GIE picks again on every message with end_of_stream, so a client that
+// ended the request twice would have it picked, counted in flight and let
+// across a cluster boundary twice.
 type limitedStream struct {
 	extProcPb.ExternalProcessor_ProcessServer
 	limits *RequestLimits
 	// held is this request's share of the budget, given back by done.
 	held int64
+	// ended says the request's end_of_stream (on its headers or body) was
+	// received.
+	ended bool
 }
 
 func (s *limitedStream) Recv() (*extProcPb.ProcessingRequest, error) {
 	req, err := s.ExternalProcessor_ProcessServer.Recv()
+	if req.GetRequestHeaders().GetEndOfStream() {
+		s.ended = true // a request without a body
+	}
 	b := req.GetRequestBody()
 	if err != nil || b == nil {
 		return req, err
 	}
 	n := int64(len(b.GetBody()))
 	switch {
+	case s.ended:
+		return nil, s.refuse("after_end", typePb.StatusCode_BadRequest, "request body continued after its end_of_stream")
 	case s.held+n > s.limits.MaxBodyBytes:
 		return nil, s.refuse("too_large", typePb.StatusCode_PayloadTooLarge,
 			fmt.Sprintf("request body exceeds the endpoint picker's limit of %d bytes", s.limits.MaxBodyBytes))
@@ -132,6 +146,7 @@ func (s *limitedStream) Recv() (*extProcPb.ProcessingRequest, error) {
 			"the endpoint picker holds as many request bodies as it may; retry later")
 	}
 	s.held += n
+	s.ended = b.GetEndOfStream()
 	bufferedBodyBytes.Add(float64(n))
 	return req, nil
 }

@@ -339,3 +339,47 @@ func answer(t testing.TB, stream extProcPb.ExternalProcessor_ProcessClient) (int
 		}
 	}
 }
+
+// A request whose body ends twice is picked once: the second end, which
+// Envoy never sends, is answered 400 before GIE's server picks again.
+func TestARequestBodyAfterItsEndIsRefusedBeforeASecondPick(t *testing.T) {
+	tests := []struct {
+		name string
+		in   func() []*extProcPb.ProcessingRequest
+	}{
+		{"a body ended twice", func() []*extProcPb.ProcessingRequest {
+			msgs := requestMessages(completion("hi"), 1<<10, nil)
+			return append(msgs, msgs[len(msgs)-1])
+		}},
+		{"a body after headers that ended the request", func() []*extProcPb.ProcessingRequest {
+			msgs := requestMessages(completion("hi"), 1<<10, nil)
+			msgs[0].GetRequestHeaders().EndOfStream = true
+			return msgs
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, []fwkdl.Endpoint{endpoint("a", "127.11.0.1:8000", 0, nil)}, nil)
+			before := testutil.ToFloat64(requestBodiesRefused.WithLabelValues("after_end"))
+			s := &fakeStream{ctx: context.Background(), in: tt.in()}
+			if err := h.server.Process(s); err != nil {
+				t.Fatal(err)
+			}
+			var picks, refused int
+			for _, r := range s.sent {
+				if destination(r) != "" {
+					picks++
+				}
+				if r.GetImmediateResponse().GetStatus().GetCode() == 400 {
+					refused++
+				}
+			}
+			if picks > 1 || refused != 1 {
+				t.Errorf("%d picks and %d 400 answers, want at most one pick and the second end refused", picks, refused)
+			}
+			if got := testutil.ToFloat64(requestBodiesRefused.WithLabelValues("after_end")) - before; got != 1 {
+				t.Errorf("fleetinfer_epp_request_bodies_refused_total{reason=\"after_end\"} rose by %v, want 1", got)
+			}
+		})
+	}
+}
