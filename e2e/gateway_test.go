@@ -555,12 +555,15 @@ func TestGatewayFailsOpenOrClosedWhenPickerIsDown(t *testing.T) {
 		t.Errorf("fail-open count rose by %v, want 3", after-before)
 	}
 
+	// A patch, not an update: the gateway writes the pool's status
+	// meanwhile, which an update of what was read would conflict with.
 	var pool inferencev1.InferencePool
 	if err := s.spoke.Client.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: "headless"}, &pool); err != nil {
 		t.Fatal(err)
 	}
+	read := pool.DeepCopy()
 	pool.Spec.EndpointPickerRef.FailureMode = inferencev1.EndpointPickerFailClose
-	if err := s.spoke.Client.Update(ctx, &pool); err != nil {
+	if err := s.spoke.Client.Patch(ctx, &pool, client.MergeFrom(read)); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 10*time.Second, "FailClose answers 500", func(context.Context) error {
