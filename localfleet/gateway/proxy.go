@@ -125,11 +125,12 @@ func removeHopByHop(h http.Header) {
 	}
 }
 
-// readBody reads the whole request body, which the gateway keeps to retry a
-// Service backend's next pod after a connection failure (Envoy buffers for
-// retries too). Reading it before the picker sees it loses only the overlap
-// of the upload with the transfer to the picker, which GIE's picker waits
-// for in full anyway; the picker still gets it in chunks.
+// readBody reads the whole request body: a Service backend's request keeps
+// it to retry the next pod after a connection failure (Envoy buffers for
+// retries too), and a pool's picker answers only once it has the whole body
+// anyway. Reading it before the picker sees it loses only the overlap of the
+// upload with the transfer to the picker; the picker still gets it in
+// chunks.
 func (g *Gateway) readBody(w *responseWriter, r *http.Request, rec *record) ([]byte, bool) {
 	if r.ContentLength == 0 {
 		return nil, true
@@ -177,8 +178,8 @@ func (g *Gateway) servePool(ctx context.Context, w *responseWriter, r *http.Requ
 	if !ok {
 		// ORIGINAL_DST parses the header as one address: a fallback list
 		// finds no host (Envoy counts original_dst_host_invalid).
-		g.reply(w, rec, http.StatusServiceUnavailable, "no healthy upstream")
-		rec.note = fmt.Sprintf("no healthy upstream: %s %q is not one ip:port", extproc.DestinationHeader, p.Destination)
+		g.answer(w, rec, http.StatusServiceUnavailable, "no healthy upstream",
+			fmt.Sprintf("no healthy upstream: %s %q is not one ip:port", extproc.DestinationHeader, p.Destination))
 		return
 	}
 	path, host := rewrite(b, p.Path, r.Host)
@@ -278,8 +279,7 @@ func (g *Gateway) pickFailed(ctx context.Context, w *responseWriter, pool *poolT
 		g.log.Error(err, "endpoint picker failed; the pool fails open, but without a pick there is no destination", "pool", pool.key.String())
 		rec.failOpen = true
 		g.metrics.failOpen.WithLabelValues(pool.key.String()).Inc()
-		g.reply(w, rec, http.StatusServiceUnavailable, "no healthy upstream")
-		rec.note = "failed open without a destination: " + err.Error()
+		g.answer(w, rec, http.StatusServiceUnavailable, "no healthy upstream", "failed open without a destination: "+err.Error())
 	default:
 		g.log.Error(err, "endpoint picker failed", "pool", pool.key.String())
 		g.reply(w, rec, http.StatusInternalServerError, "endpoint picker unavailable: "+err.Error())
@@ -584,9 +584,15 @@ func (g *Gateway) contextDone(ctx context.Context, w *responseWriter, rec *recor
 	rec.note = "client went away"
 }
 
-// reply is the gateway's own answer.
+// reply is the gateway's own answer, msg, which its log also records.
 func (g *Gateway) reply(w *responseWriter, rec *record, code int, msg string) {
-	rec.note = msg
+	g.answer(w, rec, code, msg, msg)
+}
+
+// answer is the gateway's own answer, msg, with the note its log records
+// (which may say more than the client is told, as Envoy's response flags do).
+func (g *Gateway) answer(w *responseWriter, rec *record, code int, msg, note string) {
+	rec.note = note
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
