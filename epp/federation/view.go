@@ -60,6 +60,11 @@ func (e *Entry) Running() int { return e.running }
 // KVCacheUsage is the endpoint's KV-cache usage, a fraction.
 func (e *Entry) KVCacheUsage() float64 { return e.kv }
 
+// Read is when the peer read the endpoint's counts, its scrape, in this
+// picker's clock. Updated may be later: it also covers the peer's messages
+// since that left them unchanged.
+func (e *Entry) Read() time.Time { return e.metrics.UpdateTime }
+
 // NewView returns the view of origin's endpoints with their current metrics.
 // It orders entries in place.
 func NewView(origin *Origin, entries []Entry) *View {

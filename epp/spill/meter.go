@@ -148,6 +148,20 @@ func (m *Meter) Started(addr types.NamespacedName, at time.Time) {
 	m.signal()
 }
 
+// sentAfter is how many of this picker's requests in flight to the pod it
+// sent after t.
+func (p *podMeter) sentAfter(t time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, o := range p.open {
+		if o.at.After(t) {
+			n++
+		}
+	}
+	return n
+}
+
 // span is when a request at a pod started and ended.
 type span struct{ start, end time.Time }
 

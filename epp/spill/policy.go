@@ -10,8 +10,9 @@
 // where load is the endpoint's waiting and running requests (for a local
 // pod, Meter.Scraped: the scrape's, less those this picker saw end since, or
 // its own requests in flight to it, when more; a remote pod's peer
-// publishes that of its own pods, and this picker's own requests in flight
-// to the pod count when more), and wait turns it into time with the pod's
+// publishes that of its own pods, to which this picker adds its own
+// requests sent to the pod too late to be in what the peer read, or counts
+// all of them when more), and wait turns it into time with the pod's
 // service rate, its measured requests per second with a full batch (Meter;
 // remote endpoints, which serve the same model, take the local pods'
 // measured rate, and ServiceRate stands in until one is measured), and its
@@ -245,10 +246,11 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			}
 			// This picker's own requests in flight to the pod only add to
 			// its load: look them up only for a pod within the bar without.
-			est := p.wait(e.Queue()+e.Running(), poolSlots, poolRate) + cost + unheld
+			load := e.Queue() + e.Running()
+			est := p.wait(load, poolSlots, poolRate) + cost + unheld
 			if !capped || est < beat {
 				if pm := m.lookup(e.Endpoint.GetMetadata().NamespacedName); pm != nil {
-					est = p.wait(max(e.Queue()+e.Running(), int(pm.inflight.Load())), poolSlots, poolRate) + cost + unheld
+					est = p.wait(p.remoteLoad(load, e, v.Origin, pm), poolSlots, poolRate) + cost + unheld
 				}
 			}
 			if capped && est >= beat {
@@ -265,6 +267,18 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 		entries[i] = r.e
 	}
 	return federation.AppendEndpoints(nil, entries)
+}
+
+// remoteLoad is the load of the remote endpoint e, whose peer published
+// load, with this picker's own requests in flight to it (pm): those it sent
+// too late to have reached the pod when the peer read it, a one-way trip
+// over the link before, add to what the peer published, and all of them
+// count when they are more. A peer that reads a pod seconds after the last
+// crossing to it has them all; one that read it just before a burst of
+// crossings has none of the burst, while its other requests still run.
+func (p *Policy) remoteLoad(load int, e *federation.Entry, o *federation.Origin, pm *podMeter) int {
+	unseen := pm.sentAfter(e.Read().Add(-o.RTT() / 2))
+	return max(load+unseen, int(pm.inflight.Load()))
 }
 
 // never is the estimate of an endpoint whose load is unknown.

@@ -164,6 +164,15 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			return m
 		}
 	}
+	// sentAgo is a meter with one request to the named pod in flight,
+	// picked ago.
+	sentAgo := func(ago time.Duration, name string) func() *Meter {
+		return func() *Meter {
+			m := NewMeter()
+			m.Started(addr(name), now.Add(-ago))
+			return m
+		}
+	}
 	learnPath := func(p *Params) { p.LearnCrossingPath = true }
 	wholeTurns := func(p *Params) { p.RunningCost = 1 }
 	atDefaultCost := func(p *Params) { p.RunningCost = DefaultParams.RunningCost }
@@ -231,6 +240,12 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "this picker's requests in flight count when the scrape shows fewer",
 			meter: inFlight(5, "w"), local: []pod{{"l", 2, 2, fresh}}, // 325 ms: a batch of 2, its scrape shows
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""}, // 455 ms, as many slots
+		{name: "a request this picker sent after the peer read the pod, less the link's one way, adds to the one the peer published",
+			meter: sentAgo(5*time.Millisecond, "w"), local: []pod{{"l", 0, 4, fresh}}, // 100 ms: 4 running of 5 slots
+			peers: []*federation.View{peer("w", 40*time.Millisecond, pod{"w", 0, 1, fresh})}, want: ""}, // 2 running: 90 ms, not 65
+		{name: "one sent before that is in what the peer published, and the request crosses",
+			meter: sentAgo(time.Second, "w"), local: []pod{{"l", 0, 4, fresh}},
+			peers: []*federation.View{peer("w", 40*time.Millisecond, pod{"w", 0, 1, fresh})}, want: "w"}, // 65 ms
 		{name: "a scrape that still shows a request this picker saw end: the idle local pod keeps the request",
 			meter: endedAfterScrape(fresh, "l"), local: []pod{{"l", 0, 1, fresh}}, // 0 ms, not 100
 			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
