@@ -250,7 +250,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			est := p.wait(load, poolSlots, poolRate) + cost + unheld
 			if !capped || est < beat {
 				if pm := m.lookup(e.Endpoint.GetMetadata().NamespacedName); pm != nil {
-					est = p.wait(p.remoteLoad(load, e, v.Origin, pm), poolSlots, poolRate) + cost + unheld
+					est = p.wait(remoteLoad(load, e, v.Origin, pm), poolSlots, poolRate) + cost + unheld
 				}
 			}
 			if capped && est >= beat {
@@ -276,7 +276,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 // count when they are more. A peer that reads a pod seconds after the last
 // crossing to it has them all; one that read it just before a burst of
 // crossings has none of the burst, while its other requests still run.
-func (p *Policy) remoteLoad(load int, e *federation.Entry, o *federation.Origin, pm *podMeter) int {
+func remoteLoad(load int, e *federation.Entry, o *federation.Origin, pm *podMeter) int {
 	unseen := pm.sentAfter(e.Read().Add(-o.RTT() / 2))
 	return max(load+unseen, int(pm.inflight.Load()))
 }
