@@ -2,21 +2,25 @@ package metricsource
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/proto"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
-	sourcehttp "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/http"
 	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
 )
 
@@ -170,16 +174,11 @@ func TestFactoryScrapesThePathItsParametersName(t *testing.T) {
 		_, _ = w.Write(page)
 	}))
 	defer srv.Close()
-	plugin, err := Factory("scrape", json.RawMessage(`{"path":"/custom/metrics"}`), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := plugin.(*sourcehttp.HTTPDataSource)
+	src := newTestSource(t, `{"path":"/custom/metrics"}`)
 	if got := src.TypedName(); got.Type != sourcemetrics.MetricsDataSourceType || got.Name != "scrape" {
 		t.Errorf("typed name %+v, want GIE's type named scrape", got)
 	}
-	ep := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{MetricsHost: strings.TrimPrefix(srv.URL, "http://")}, nil)
-	got, err := src.Poll(context.Background(), ep)
+	got, err := src.Poll(context.Background(), endpointAt(srv))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,6 +189,70 @@ func TestFactoryScrapesThePathItsParametersName(t *testing.T) {
 	if _, err := Factory("bad", json.RawMessage(`{"scheme":"ftp"}`), nil); err == nil {
 		t.Error("scheme ftp accepted")
 	}
+}
+
+// A Prometheus client library compresses the page when the scrape accepts
+// gzip, as Go's HTTP client does by default; the picker's scrape does not
+// ask, and a server that compresses anyway is an error that says so.
+func TestScrapeAsksForThePageUncompressed(t *testing.T) {
+	page, err := os.ReadFile(simPage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compressAnyway, askedForGzip atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			askedForGzip.Store(true)
+		}
+		if !compressAnyway.Load() && !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			_, _ = w.Write(page)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		gz := gzip.NewWriter(w)
+		_, _ = gz.Write(page)
+		_ = gz.Close()
+	}))
+	defer srv.Close()
+	src := newTestSource(t, `{}`)
+	got, err := src.Poll(context.Background(), endpointAt(srv))
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	if askedForGzip.Load() {
+		t.Error("the scrape accepted gzip")
+	}
+	if _, ok := got.(sourcemetrics.PrometheusMetricMap)["vllm:num_requests_running"]; !ok {
+		t.Error("the page's running requests are missing")
+	}
+	compressAnyway.Store(true)
+	if _, err := src.Poll(context.Background(), endpointAt(srv)); err == nil || !strings.Contains(err.Error(), `Content-Encoding "gzip"`) {
+		t.Errorf("a page compressed unasked: %v, want an error naming its encoding", err)
+	}
+}
+
+func TestScrapeOfAnErrorPageIsAnErrorWithItsStatus(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "metrics are off", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	_, err := newTestSource(t, `{}`).Poll(context.Background(), endpointAt(srv))
+	if err == nil || !strings.Contains(err.Error(), "status 503") {
+		t.Errorf("scrape of a 503: %v, want an error with the status", err)
+	}
+}
+
+func newTestSource(t testing.TB, params string) fwkdl.PollingDataSource {
+	t.Helper()
+	plugin, err := Factory("scrape", json.RawMessage(params), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plugin.(fwkdl.PollingDataSource)
+}
+
+func endpointAt(srv *httptest.Server) fwkdl.Endpoint {
+	return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{MetricsHost: strings.TrimPrefix(srv.URL, "http://")}, nil)
 }
 
 // FuzzParse: on any page GIE's parser reads, Parse returns what it returns
@@ -251,6 +314,43 @@ func BenchmarkParse(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if _, err := Parse(bytes.NewReader(page)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkScrape is a scrape of the simulator's page served by Prometheus'
+// Go client library (the simulator's), client and server in this process:
+// as GIE's source scrapes (accepting gzip, which the library then
+// compresses) and as this one does.
+func BenchmarkScrape(b *testing.B) {
+	sim, err := os.ReadFile(simPage)
+	if err != nil {
+		b.Fatal(err)
+	}
+	families, err := parseText(sim)
+	if err != nil {
+		b.Fatal(err)
+	}
+	page := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		return slices.Collect(maps.Values(families)), nil
+	})
+	srv := httptest.NewServer(promhttp.HandlerFor(page, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	ep := endpointAt(srv)
+	for _, c := range []struct {
+		name string
+		src  fwkdl.PollingDataSource
+	}{
+		{"gzip", &source{scheme: "http", path: "/metrics", client: &http.Client{Transport: &http.Transport{}}}},
+		{"uncompressed", newTestSource(b, `{}`)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.src.Poll(context.Background(), ep); err != nil {
 					b.Fatal(err)
 				}
 			}
