@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
@@ -125,7 +127,7 @@ func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig str
 			return nil, err
 		}
 	}
-	return d, d.warm(ctx, maxTokens)
+	return d, d.warm(ctx, maxTokens, pool.Host(), fedpool.Host(stockPool, d.ns))
 }
 
 // stockEPPPod is the stock picker's pod in cluster s, on its router node. It
@@ -186,23 +188,24 @@ func stockEPPReady(ctx context.Context, fl *fleet.Fleet, s *fleet.Cluster, ns st
 	}
 }
 
-// warm sends a few completions through every gateway to both pools, until
-// each answers: pickers have scraped their pods and connections are open.
-// The completions are as long as the run's (maxTokens), so that the
-// pickers' measured service times start at what the run's requests take.
-func (d *deployment) warm(ctx context.Context, maxTokens int) error {
+// warm sends a few completions of maxTokens through every gateway to each
+// of hosts (pools' route hosts), until each answers 4 times: pickers have
+// scraped their pods and connections are open. The completions are as long
+// as the run's, so that the pickers' measured service times start at what
+// the run's requests take.
+func (d *deployment) warm(ctx context.Context, maxTokens int, hosts ...string) error {
 	c := newLoadClient(maxTokens, 10*time.Second, d.podCluster, nil)
 	for i, s := range d.fl.Spokes {
-		for _, host := range []string{d.pool.Host(), fedpool.Host(stockPool, d.ns)} {
+		for _, host := range hosts {
 			r := &entryRouter{gws: gateways{s.GatewayURL()}, host: host}
-			n := 0
+			n, ok := 0, 0
 			if err := fedpool.Wait(ctx, time.Minute, s.Name()+" serves "+host, func(ctx context.Context) error {
 				res := c.do(ctx, r, arrival{Prompt: "warm up " + strconv.Itoa(n)}, time.Now())
 				n++
 				if !res.ok() {
 					return errors.New(res.Err)
 				}
-				if n < 4 {
+				if ok++; ok < 4 {
 					return errors.New("warming")
 				}
 				return nil
@@ -210,6 +213,65 @@ func (d *deployment) warm(ctx context.Context, maxTokens int) error {
 				return fmt.Errorf("cluster %d: %w", i, err)
 			}
 		}
+	}
+	return nil
+}
+
+// poolOf is the pool whose pickers route policy pol's requests; "" for the
+// oracle, which routes in this process.
+func poolOf(pol string) string {
+	switch pol {
+	case "fleetinfer":
+		return fleetPool
+	case "oracle":
+		return ""
+	}
+	return stockPool
+}
+
+// idleLabel is a label no model server carries: a pool whose selector also
+// asks for it selects no pod.
+const idleLabel = "bench.fleetinfer.io/idle"
+
+// usePool gives the model servers to pool's pickers in every cluster and
+// takes them from the other pool's (from both for ""), then, if pool had
+// none, warms its route through every gateway. A fleet runs one set of pickers; with both
+// scraping every pod all the time, each policy's run would share the
+// machine's two cores with the other set's scrapes (about a fifth of a
+// core), which no real fleet pays. A pool that selects no pod has nothing
+// to scrape: GIE's datastore resyncs its pods when the pool's selector
+// changes, so neither picker restarts.
+func (d *deployment) usePool(ctx context.Context, pool string, maxTokens int) error {
+	given := false
+	for _, s := range d.fl.Spokes {
+		for _, name := range []string{fleetPool, stockPool} {
+			want := map[inferencev1.LabelKey]inferencev1.LabelValue{"app": fleetPool}
+			if name != pool {
+				want[idleLabel] = "true"
+			}
+			var p inferencev1.InferencePool
+			if err := s.Client.Get(ctx, client.ObjectKey{Namespace: d.ns, Name: name}, &p); err != nil {
+				return fmt.Errorf("%s: %w", s.Name(), err)
+			}
+			if maps.Equal(p.Spec.Selector.MatchLabels, want) {
+				continue
+			}
+			patch := client.MergeFrom(p.DeepCopy())
+			p.Spec.Selector.MatchLabels = want
+			if err := s.Client.Patch(ctx, &p, patch); err != nil {
+				return fmt.Errorf("%s: select pods for pool %s: %w", s.Name(), name, err)
+			}
+			given = given || name == pool
+		}
+	}
+	if !given {
+		return nil
+	}
+	switch pool {
+	case fleetPool:
+		return d.warm(ctx, maxTokens, d.pool.Host())
+	case stockPool:
+		return d.warm(ctx, maxTokens, fedpool.Host(stockPool, d.ns))
 	}
 	return nil
 }

@@ -13,10 +13,11 @@
 //	fleetinfer   fleetinfer's federated EPP in each cluster (Parent mode; Endpoint mode on flat pod networks): a request crosses when a remote pod is expected sooner.
 //	oracle       exact requests in flight per pod, the links' round trips and where each prefix is cached, known in this process at once.
 //
-// Both pickers run in every cluster throughout (a second InferencePool over
-// the same pods for the stock EPP), so every policy shares the machine with
-// the same background scraping; each run reports the CPU each part of the
-// lab used (cpu.go). See bench/results/routing.md.
+// Both pickers are deployed in every cluster (a second InferencePool over
+// the same pods for the stock EPP), but only the running policy's pool
+// selects the pods, as a fleet runs one set of pickers (usePool); each run
+// reports the CPU each part of the lab used (cpu.go). See
+// bench/results/routing.md.
 package main
 
 import (
@@ -277,6 +278,9 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si i
 				if d, err = deploy(ctx, fl, sc, ns, c.fleetConfig, c.maxTokens); err != nil {
 					return err
 				}
+			}
+			if err := d.usePool(ctx, poolOf(pol), c.maxTokens); err != nil {
+				return err
 			}
 			r := newRouter(pol, sc, d, lb, uint64(rep))
 			arrivals := sc.arrivals(c.duration, uint64(1000*si+rep), pol)

@@ -527,9 +527,11 @@ func (r *results) markdown() string {
 		"Throughput counts completed requests per second of the span from the first arrival to the last request's end. "+
 		"Cross-cluster is the share of completed requests served by a pod (the simulator's `x-inference-pod`) of another cluster than the one they entered. "+
 		"Prefix-cache hits is the share of prompt tokens the simulators found cached (their usage report, `stream_options.include_usage`).\n\n", r.Setup.SLOMs)
-	b.WriteString("Both pickers run in every cluster throughout every run, each scraping the same pods every 50 ms (GIE's default): a second InferencePool over the model servers, " +
-		"picked by the stock EPP, sits next to fleetinfer's, each with its own HTTPRoute host on the same gateway. The stock EPP is a pod of each cluster, run by a second local kubelet " +
-		"on a tainted node, since the fleet's kubelet runs only fleetinfer's EPP image.\n\n")
+	b.WriteString("Both pickers are deployed in every cluster: a second InferencePool over the model servers, picked by the stock EPP, sits next to fleetinfer's, " +
+		"each with its own HTTPRoute host on the same gateway. The stock EPP is a pod of each cluster, run by a second local kubelet on a tainted node, since the fleet's kubelet runs " +
+		"only fleetinfer's EPP image. A fleet runs one set of pickers, so only the running policy's pool selects the model servers: before each run the other pool's selector " +
+		"is changed to match no pod (neither for the oracle), its pickers drop their pods and stop scraping, and a pool given its pods back is warmed through every gateway " +
+		"before the run. The running pickers scrape their pods every 50 ms (GIE's default).\n\n")
 	b.WriteString("Policies:\n\n")
 	for _, p := range policies {
 		fmt.Fprintf(&b, "- **%s** %s\n", p, policyNotes[p])
@@ -613,7 +615,7 @@ func (r *results) cpuTable() string {
 	var b strings.Builder
 	b.WriteString("## CPU during the runs\n\nThe machine's cores busy (all of them: 100% is every core saturated) over each run, from the first arrival to the last response, " +
 		"and the cores each part of the lab used on average (process CPU time from /proc over the run's wall time; medians over the runs). The bench process holds the " +
-		"load generator, SkyServe's load balancer, the gateways, the kubelets and the emulated links. Both pickers scrape their pods in every run, whichever policy runs. " +
+		"load generator, SkyServe's load balancer, the gateways, the kubelets and the emulated links. Only the running policy's pickers have pods to scrape (none in the oracle's runs); the others idle. " +
 		"Three clusters share these cores, where a real fleet gives each its own machines: when they are saturated, every pass through a gateway or picker waits for one.\n\n" +
 		"| scenario | policy | machine busy | " + strings.Join(cpuParts, " | ") + " |\n|---|---|---|" + strings.Repeat("---|", len(cpuParts)) + "\n")
 	for _, m := range r.Summary {

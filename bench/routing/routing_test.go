@@ -552,3 +552,16 @@ func TestRequestsAreWrittenBeforeTheResultsDirectoryExists(t *testing.T) {
 		t.Fatalf("requests file: %q, %v", b, err)
 	}
 }
+
+func TestEachPolicyRunsWithOnlyItsOwnPickers(t *testing.T) {
+	for pol, want := range map[string]string{
+		"gie-local": stockPool, "round-robin": stockPool, "least-load": stockPool, "fleetinfer": fleetPool, "oracle": "",
+	} {
+		if got := poolOf(pol); got != want {
+			t.Errorf("poolOf(%q) = %q, want %q", pol, got, want)
+		}
+	}
+	if len(policies) != 5 {
+		t.Errorf("a policy was added (%v): say which pickers it runs with", policies)
+	}
+}
