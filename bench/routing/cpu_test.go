@@ -1,6 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -60,5 +64,35 @@ func TestCPUTableShowsTheMediansOfRunsThatMeasured(t *testing.T) {
 	}
 	if (&results{Summary: []summary{{Scenario: "x", Policy: "oracle"}}}).cpuTable() != "" {
 		t.Fatal("a table without any measured run is written")
+	}
+}
+
+func TestReniceLowersEveryThreadOfAProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	if err := renice(cmd.Process.Pid, controlPlaneNice); err != nil {
+		t.Fatal(err)
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", cmd.Process.Pid, task.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The fields after the command's closing parenthesis; niceness is
+		// the 19th field of the line, the 17th of these.
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if fields[16] != strconv.Itoa(controlPlaneNice) {
+			t.Errorf("thread %s has nice %s, want %d", task.Name(), fields[16], controlPlaneNice)
+		}
+	}
+	if err := renice(-1, controlPlaneNice); err == nil {
+		t.Error("renice of a process that does not exist succeeded")
 	}
 }

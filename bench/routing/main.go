@@ -221,6 +221,9 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	defer stopAll(routers)
+	if err := lowerControlPlanes(stock); err != nil {
+		return err
+	}
 	lb, err := startSkyProxy()
 	if err != nil {
 		return err

@@ -531,7 +531,9 @@ func (r *results) markdown() string {
 		"each with its own HTTPRoute host on the same gateway. The stock EPP is a pod of each cluster, run by a second local kubelet on a tainted node, since the fleet's kubelet runs " +
 		"only fleetinfer's EPP image. A fleet runs one set of pickers, so only the running policy's pool selects the model servers: before each run the other pool's selector " +
 		"is changed to match no pod (neither for the oracle), its pickers drop their pods and stop scraping, and a pool given its pods back is warmed through every gateway " +
-		"before the run. The running pickers scrape their pods every 50 ms (GIE's default).\n\n")
+		"before the run. The running pickers scrape their pods every 50 ms (GIE's default). The control planes (kube-apiserver, etcd, the LWS controller) run at " +
+		"nice 10, since a real fleet gives them machines of their own: every 5 minutes each kube-apiserver rebuilds the OpenAPI v3 spec of every CRD, 1–2 s of CPU for KServe's, " +
+		"in every cluster at once.\n\n")
 	b.WriteString("Policies:\n\n")
 	for _, p := range policies {
 		fmt.Fprintf(&b, "- **%s** %s\n", p, policyNotes[p])
