@@ -235,12 +235,12 @@ const idleLabel = "bench.fleetinfer.io/idle"
 
 // usePool gives the model servers to pool's pickers in every cluster and
 // takes them from the other pool's (from both for ""), then, if pool had
-// none, warms its route through every gateway. A fleet runs one set of pickers; with both
-// scraping every pod all the time, each policy's run would share the
-// machine's two cores with the other set's scrapes (about a fifth of a
-// core), which no real fleet pays. A pool that selects no pod has nothing
-// to scrape: GIE's datastore resyncs its pods when the pool's selector
-// changes, so neither picker restarts.
+// none, warms its route through every gateway. A fleet runs one set of
+// pickers; with both scraping every pod all the time, each policy's run
+// would share the machine's two cores with the other set's scrapes (about
+// a fifth of a core), which no real fleet pays. A pool that selects no pod
+// has nothing to scrape: GIE's datastore resyncs its pods when the pool's
+// selector changes, so neither picker restarts.
 func (d *deployment) usePool(ctx context.Context, pool string, maxTokens int) error {
 	given := false
 	for _, s := range d.fl.Spokes {
@@ -267,13 +267,7 @@ func (d *deployment) usePool(ctx context.Context, pool string, maxTokens int) er
 	if !given {
 		return nil
 	}
-	switch pool {
-	case fleetPool:
-		return d.warm(ctx, maxTokens, d.pool.Host())
-	case stockPool:
-		return d.warm(ctx, maxTokens, fedpool.Host(stockPool, d.ns))
-	}
-	return nil
+	return d.warm(ctx, maxTokens, fedpool.Host(pool, d.ns))
 }
 
 // crossingBurst is how many completions warmCrossings sends at once
