@@ -5,6 +5,8 @@ import (
 	"net"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/flowcontrol/contracts"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -107,7 +109,10 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 	if p != nil && c.prefixes != nil && c.spill.UsesPrefixes() {
 		prompt = spill.Prompt{Hashes: p.promptOf(nil), Local: c.prefixes}
 	}
-	spilled := c.spill.Remote(local, remote, c.meter, prompt)
+	spilled, weighed := c.spill.Remote(local, remote, c.meter, prompt)
+	if forRequest(ctx) {
+		logSpill(ctx, weighed, len(spilled))
+	}
 	if len(spilled) == 0 {
 		return local
 	}
@@ -117,6 +122,27 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 	c.observeLag(ctx, remote, now)
 	return spilled
 }
+
+// logSpill logs, at GIE's debug verbosity, why a request stays or
+// crosses: the estimates the spill policy weighed, in milliseconds (the
+// local one absent when no local pod's load is known), and how many remote
+// endpoints became its candidates (0: it stays).
+func logSpill(ctx context.Context, weighed spill.Estimate, remoteCandidates int) {
+	l := log.FromContext(ctx).V(logging.DEBUG)
+	if !l.Enabled() {
+		return
+	}
+	kv := []any{"remoteCandidates", remoteCandidates}
+	if weighed.LocalKnown() {
+		kv = append(kv, "localEstimateMs", milliseconds(weighed.Local))
+	}
+	if remoteCandidates > 0 {
+		kv = append(kv, "remoteEstimateMs", milliseconds(weighed.Remote))
+	}
+	l.Info("Spill estimate", kv...)
+}
+
+func milliseconds(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // observeLag records the age of the remote data a request's pick reads;
 // not for flow control's saturation probes.

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
@@ -76,5 +79,47 @@ func TestOneSpillPolicyPerConfiguration(t *testing.T) {
 	loadConfig(t, []byte(config))
 	if _, err := configured.get(); err == nil {
 		t.Fatal("two cross-cluster-filters accepted")
+	}
+}
+
+// At GIE's debug verbosity a request's lookup logs why it stays or crosses:
+// the estimates weighed, here the local queue of 5 (500 ms) against the
+// idle remote endpoint 400 ms away; a flow-control probe's lookup logs
+// nothing, nor does any lookup below that verbosity.
+func TestTheSpillEstimateIsLoggedAtDebugVerbosity(t *testing.T) {
+	local := []fwkdl.Endpoint{endpoint("l0", "127.11.0.1:8000", 5, nil)}
+	remote := []fwkdl.Endpoint{endpoint("r0@west", "127.12.0.1:8000", 0, west)}
+	for _, tc := range []struct {
+		name      string
+		margin    string
+		verbosity int
+		request   bool
+		want      string
+	}{
+		{name: "a request that crosses", margin: "20ms", verbosity: logging.DEBUG, request: true,
+			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=1 "localEstimateMs"=500 "remoteEstimateMs"=400`},
+		{name: "a request that stays", margin: "1s", verbosity: logging.DEBUG, request: true,
+			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=0 "localEstimateMs"=500`},
+		{name: "a saturation probe", margin: "20ms", verbosity: logging.DEBUG},
+		{name: "below debug verbosity", margin: "20ms", verbosity: logging.DEBUG - 1, request: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			config := strings.Replace(testConfig, "- type: cross-cluster-filter\n",
+				"- type: cross-cluster-filter\n  parameters: {crossMargin: "+tc.margin+"}\n", 1)
+			policy, _, _ := loadFleetinferConfig(t, config)
+			c := &candidates{ds: &fakeDatastore{local: local}, remote: &fakeRemote{eps: remote}, spill: policy, now: time.Now}
+			var lines []string
+			ctx := log.IntoContext(context.Background(), funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: tc.verbosity}))
+			if tc.request {
+				ctx = withPick(ctx)
+			}
+			c.Locate(ctx, nil)
+			switch {
+			case tc.want == "" && len(lines) > 0:
+				t.Fatalf("logged %q, want nothing", lines)
+			case tc.want != "" && (len(lines) != 1 || lines[0] != tc.want):
+				t.Fatalf("logged %q, want %q", lines, tc.want)
+			}
+		})
 	}
 }

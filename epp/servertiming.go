@@ -37,7 +37,7 @@ func addUpstreamTiming(r *extProcPb.HeadersResponse, took time.Duration) {
 	if r.Response.HeaderMutation == nil {
 		r.Response.HeaderMutation = &extProcPb.HeaderMutation{}
 	}
-	v := upstreamMetric + ";dur=" + strconv.FormatFloat(float64(took.Microseconds())/1000, 'f', 3, 64)
+	v := upstreamMetric + ";dur=" + strconv.FormatFloat(milliseconds(took), 'f', 3, 64)
 	r.Response.HeaderMutation.SetHeaders = append(r.Response.HeaderMutation.SetHeaders, &corev3.HeaderValueOption{
 		Header: &corev3.HeaderValue{Key: serverTimingHeader, RawValue: []byte(v)},
 		Append: wrapperspb.Bool(true),

@@ -188,14 +188,17 @@ func (p *Policy) HasRoom(ep Endpoint) bool {
 // ordered by queue, so only its front is read: up to the queue cap, and
 // until the queue alone puts an endpoint past the local estimate or the
 // candidates already found.
-func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Meter, prompt Prompt) []fwkdl.Endpoint {
+//
+// The Estimate says what was weighed, for the pick's debug log.
+func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Meter, prompt Prompt) ([]fwkdl.Endpoint, Estimate) {
 	now := p.now()
 	if p.params.PrefillPerToken == 0 {
 		prompt = Prompt{}
 	}
 	best := p.bestLocal(local, now, m, prompt)
+	weighed := Estimate{Local: best}
 	if len(remote.Peers) == 0 || best <= p.minRTT(remote, m)+time.Duration(p.params.CrossMargin) {
-		return nil
+		return nil, weighed
 	}
 	capped := best != never
 	beat := best - time.Duration(p.params.CrossMargin)
@@ -260,14 +263,27 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 		}
 	}
 	if len(top) == 0 {
-		return nil
+		return nil, weighed
 	}
+	weighed.Remote = top[0].est
 	entries := make([]*federation.Entry, len(top))
 	for i, r := range top {
 		entries[i] = r.e
 	}
-	return federation.AppendEndpoints(nil, entries)
+	return federation.AppendEndpoints(nil, entries), weighed
 }
+
+// Estimate is what Remote weighed: the soonest a local endpoint is expected
+// to answer the request (see LocalKnown), and the soonest a remote
+// candidate is, round trip included (0 when no remote endpoint is a
+// candidate).
+type Estimate struct {
+	Local, Remote time.Duration
+}
+
+// LocalKnown reports whether some local endpoint had fresh metrics, so that
+// Local is an estimate.
+func (e Estimate) LocalKnown() bool { return e.Local != never }
 
 // remoteLoad is the load of the remote endpoint e, whose peer published
 // load, with this picker's own requests in flight to it (pm): those it sent

@@ -288,7 +288,8 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 			// depend on it.
 			for range 20 {
 				var got []string
-				for _, e := range policy.Remote(local, federation.Remote{Peers: tc.peers, Stale: now.Add(-2 * time.Second)}, m, Prompt{}) {
+				eps, _ := policy.Remote(local, federation.Remote{Peers: tc.peers, Stale: now.Add(-2 * time.Second)}, m, Prompt{})
+				for _, e := range eps {
 					got = append(got, e.GetMetadata().NamespacedName.Name)
 				}
 				if strings.Join(got, ",") != tc.want {
@@ -491,6 +492,44 @@ func TestRetainDropsGonePodsWithNothingInFlight(t *testing.T) {
 	}
 }
 
+// Remote reports the estimates it weighed, which the pick's debug log
+// shows: here, unmeasured pods at the default 10 requests a second, each
+// request a whole turn (100 ms), and a 30 ms link.
+func TestRemoteReportsTheEstimatesItWeighed(t *testing.T) {
+	metrics := func(waiting, running int, age time.Duration) *fwkdl.Metrics {
+		m := fwkdl.NewMetrics()
+		m.WaitingQueueSize, m.RunningRequestsSize, m.UpdateTime = waiting, running, now.Add(-age)
+		return m
+	}
+	o := &federation.Origin{Cluster: "w", RoundTrip: &federation.RoundTrip{}}
+	o.RoundTrip.Observe(30 * time.Millisecond)
+	for _, tc := range []struct {
+		name                  string
+		local, remote         *fwkdl.Metrics
+		wantLocalKnown        bool
+		wantLocal, wantRemote time.Duration
+	}{
+		{name: "a request that crosses: the local pod's 2 turns against the idle remote pod's round trip",
+			local: metrics(0, 2, 0), remote: metrics(0, 0, 0), wantLocalKnown: true, wantLocal: 200 * time.Millisecond, wantRemote: 30 * time.Millisecond},
+		{name: "a request that stays at an idle local pod: no remote estimate",
+			local: metrics(0, 0, 0), remote: metrics(0, 0, 0), wantLocalKnown: true},
+		{name: "a local pod's load unknown: the remote pod's 9 turns and round trip",
+			local: metrics(0, 0, time.Minute), remote: metrics(9, 0, 0), wantRemote: 930 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			local := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: "l"}}, tc.local)
+			e := federation.Entry{Endpoint: fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: "r"}}, tc.remote), Updated: now}
+			policy := testPolicy(t, func(p *Params) { p.RunningCost = 1 })
+			_, got := policy.Remote([]fwkdl.Endpoint{local}, federation.Remote{Peers: []*federation.View{federation.NewView(o, []federation.Entry{e})},
+				Stale: now.Add(-2 * time.Second)}, nil, Prompt{})
+			if got.LocalKnown() != tc.wantLocalKnown || (tc.wantLocalKnown && got.Local != tc.wantLocal) || got.Remote != tc.wantRemote {
+				t.Fatalf("weighed local %v (known %t) and remote %v, want %v (known %t) and %v",
+					got.Local, got.LocalKnown(), got.Remote, tc.wantLocal, tc.wantLocalKnown, tc.wantRemote)
+			}
+		})
+	}
+}
+
 func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
 	m := fwkdl.NewMetrics()
 	m.UpdateTime = now.Add(-time.Minute) // the scrape, before watermarks vouched for it
@@ -498,7 +537,7 @@ func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
 	ep.GetAttributes().Put(federation.OriginAttribute, &federation.Origin{Cluster: "w"})
 	v := federation.NewView(&federation.Origin{Cluster: "w"}, []federation.Entry{{Endpoint: ep, Updated: now.Add(-20 * time.Millisecond)}})
 	policy := testPolicy(t, nil)
-	got := policy.Remote(nil, federation.Remote{Peers: []*federation.View{v}, Stale: now.Add(-2 * time.Second)}, nil, Prompt{})
+	got, _ := policy.Remote(nil, federation.Remote{Peers: []*federation.View{v}, Stale: now.Add(-2 * time.Second)}, nil, Prompt{})
 	if len(got) != 1 || !got[0].GetMetrics().UpdateTime.Equal(now.Add(-20*time.Millisecond)) {
 		t.Fatalf("got %v", got)
 	}
@@ -525,7 +564,7 @@ func BenchmarkRemote(b *testing.B) {
 	policy := testPolicy(b, nil)
 	b.ReportAllocs()
 	for b.Loop() {
-		if len(policy.Remote(local, remote, nil, Prompt{})) != 16 {
+		if eps, _ := policy.Remote(local, remote, nil, Prompt{}); len(eps) != 16 {
 			b.Fatal("not 16")
 		}
 	}
@@ -583,8 +622,9 @@ func TestAPromptCrossesToWhereItsPrefixIsCachedWhenThatIsSooner(t *testing.T) {
 				e.Prefixes = holding(tc.remote.holds)
 			}
 			var got []string
-			for _, ep := range policy.Remote([]fwkdl.Endpoint{local}, federation.Remote{Peers: []*federation.View{federation.NewView(o, []federation.Entry{e})},
-				Stale: now.Add(-2 * time.Second)}, nil, Prompt{Hashes: prompt, Local: index}) {
+			eps, _ := policy.Remote([]fwkdl.Endpoint{local}, federation.Remote{Peers: []*federation.View{federation.NewView(o, []federation.Entry{e})},
+				Stale: now.Add(-2 * time.Second)}, nil, Prompt{Hashes: prompt, Local: index})
+			for _, ep := range eps {
 				got = append(got, ep.GetMetadata().NamespacedName.Name)
 			}
 			if strings.Join(got, ",") != tc.want {
