@@ -89,8 +89,9 @@ type deployment struct {
 // pool with fedpool (Parent mode where pod networks are isolated, Endpoint
 // mode where they are flat), then the stock pool over the same pods, and
 // warms both paths of every gateway with completions of maxTokens.
-func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig string, maxTokens int) (*deployment, error) {
-	opts := fedpool.Options{Namespace: ns, Pool: fleetPool, EPPConfig: eppConfig}
+// fleetinfer's pickers run with eppConfig and the extra flags eppArgs.
+func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig string, eppArgs []string, maxTokens int) (*deployment, error) {
+	opts := fedpool.Options{Namespace: ns, Pool: fleetPool, EPPConfig: eppConfig, EPPArgs: eppArgs}
 	for i, s := range fl.Spokes {
 		opts.Members = append(opts.Members, &fedpool.Member{Cluster: s, Replicas: sc.Replicas[i], SimArgs: sc.simArgs(i),
 			Mode: sc.mode()})

@@ -55,6 +55,10 @@ type config struct {
 	maxInFlight int
 	// requests: write every run's requests next to the results.
 	requests bool
+	// fleetArgs are extra flags for fleetinfer's pickers; fleetDir keeps
+	// the fleet's state and logs (empty: a temporary directory).
+	fleetArgs []string
+	fleetDir  string
 }
 
 func main() {
@@ -70,8 +74,11 @@ func main() {
 	configFile := flag.String("fleetinfer-config", "", "EndpointPickerConfig file for fleetinfer's EPPs instead of the built-in one")
 	flag.IntVar(&c.maxInFlight, "max-in-flight", 512, "client bound on requests in flight")
 	flag.BoolVar(&c.requests, "requests", false, "also write each run's requests, one JSON object a line, to requests-SCENARIO-POLICY-REP.jsonl in -out")
+	fleetArgs := flag.String("fleetinfer-args", "", "extra flags for fleetinfer's EPPs, space-separated (--v=4 logs each request's spill estimate)")
+	flag.StringVar(&c.fleetDir, "fleet-dir", "", "keep the fleet's state and logs, the pickers' among them, in this directory instead of a temporary one")
 	flag.Parse()
 	c.policies = strings.Split(*pols, ",")
+	c.fleetArgs = strings.Fields(*fleetArgs)
 	c.fleetConfig = fleetEPPConfig
 	if *configFile != "" {
 		b, err := os.ReadFile(*configFile)
@@ -204,7 +211,7 @@ func run(ctx context.Context, c config) error {
 	res := &results{Config: c, Run: host.StartRun(), FleetEPPConfig: c.fleetConfig}
 	// The clusters are apart: the default matrix's links, isolated pod
 	// networks, fleetinfer's pickers in Parent mode.
-	fl, err := fleet.Start(ctx, fleet.Options{Spokes: spokes, NoControllers: true, PodNetwork: wan.Isolated})
+	fl, err := fleet.Start(ctx, fleet.Options{Dir: c.fleetDir, Spokes: spokes, NoControllers: true, PodNetwork: wan.Isolated})
 	if err != nil {
 		if fl != nil {
 			fl.Stop()
@@ -278,7 +285,7 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si i
 			if d == nil {
 				ns := fmt.Sprintf("routing-%d-%d-%d", si, rep, pi)
 				var err error
-				if d, err = deploy(ctx, fl, sc, ns, c.fleetConfig, c.maxTokens); err != nil {
+				if d, err = deploy(ctx, fl, sc, ns, c.fleetConfig, c.fleetArgs, c.maxTokens); err != nil {
 					return err
 				}
 			}
