@@ -75,7 +75,7 @@ func main() {
 	flag.IntVar(&c.maxInFlight, "max-in-flight", 512, "client bound on requests in flight")
 	flag.BoolVar(&c.requests, "requests", false, "also write each run's requests, one JSON object a line, to requests-SCENARIO-POLICY-REP.jsonl in -out")
 	fleetArgs := flag.String("fleetinfer-args", "", "extra flags for fleetinfer's EPPs, space-separated (--v=4 logs each request's spill estimate)")
-	flag.StringVar(&c.fleetDir, "fleet-dir", "", "keep the fleet's state and logs, the pickers' among them, in this directory instead of a temporary one")
+	flag.StringVar(&c.fleetDir, "fleet-dir", "", "put the fleet's state and logs in this directory instead of a temporary one, and keep them (a pod's own log goes with the pod, at its scenario's end)")
 	flag.Parse()
 	c.policies = strings.Split(*pols, ",")
 	c.fleetArgs = strings.Fields(*fleetArgs)
