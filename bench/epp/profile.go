@@ -18,9 +18,10 @@ import (
 // profilePhases runs every phase once per EPP under the benchmark's load and
 // profiles it into dir: CPU with perf, because the stock EPP serves no CPU
 // profile and perf needs no change to either binary; allocations from the
-// allocs profile that GIE's --enable-pprof serves, in a second pass, because
-// that flag also turns on block and mutex profiling at full rate, which would
-// distort the CPU profiles. Each EPP is first profiled idle for 5 s
+// allocs profile that --enable-pprof serves, in a second pass, because in the
+// stock EPP that flag also turns on block and mutex profiling at full rate,
+// which would distort the CPU profiles (fleetinfer's records them only with
+// --contention-profiling). Each EPP is first profiled idle for 5 s
 // (<epp>-idle.cpu.txt); each phase leaves <epp>-<scenario>-<load>.cpu.txt
 // (flat and cumulative perf tops) and .allocs.txt (pprof top by bytes and by
 // objects), with the raw perf.data and pprof files next to them.

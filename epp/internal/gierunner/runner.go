@@ -28,7 +28,6 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/cmd/epp/runner"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/common"
 	logutil "sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/profiling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/tracing"
 	backendmetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/backend/metrics"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
@@ -55,6 +54,8 @@ var setupLog = ctrl.Log.WithName("setup")
 type Runner struct {
 	opts  *runserver.Options
 	delta Delta
+	// contention is --contention-profiling (see profiling.go).
+	contention bool
 }
 
 // New returns a runner whose flags, GIE's and the delta's, are on the global
@@ -65,6 +66,7 @@ type Runner struct {
 func New(delta Delta) *Runner {
 	r := &Runner{opts: runserver.NewOptions(), delta: delta}
 	r.opts.AddFlags(pflag.CommandLine)
+	addProfilingFlags(pflag.CommandLine, &r.contention)
 	if delta.AddFlags != nil {
 		delta.AddFlags(pflag.CommandLine)
 	}
@@ -233,10 +235,15 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	} else {
 		isLeader.Store(true)
 	}
+	// fleetinfer: every pprof endpoint, contention recorded only on
+	// request (profiling.go).
 	if opts.EnablePprof {
-		if err := profiling.SetupPprofHandlers(mgr); err != nil {
-			return nil, err
+		for path, h := range pprofHandlers() {
+			if err := mgr.AddMetricsServerExtraHandler(path, h); err != nil {
+				return nil, err
+			}
 		}
+		recordContention(r.contention)
 	}
 	scheduler := scheduling.NewSchedulerWithConfig(eppConfig.SchedulerConfig)
 	// configureAndStartDatalayer.
