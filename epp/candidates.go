@@ -125,8 +125,10 @@ func (c *candidates) Locate(ctx context.Context, md map[string]any) []fwkdl.Endp
 
 // logSpill logs, at GIE's debug verbosity, why a request stays or
 // crosses: the estimates the spill policy weighed, in milliseconds (the
-// local one absent when no local pod's load is known), and how many remote
-// endpoints became its candidates (0: it stays).
+// local one absent when no local pod's load is known), how many remote
+// endpoints became its candidates (0: it stays), and, when the policy read
+// the remote endpoints, how many it read and why the others are no
+// candidates (spill.Estimate).
 func logSpill(ctx context.Context, weighed spill.Estimate, remoteCandidates int) {
 	l := log.FromContext(ctx).V(logging.DEBUG)
 	if !l.Enabled() {
@@ -138,6 +140,10 @@ func logSpill(ctx context.Context, weighed spill.Estimate, remoteCandidates int)
 	}
 	if remoteCandidates > 0 {
 		kv = append(kv, "remoteEstimateMs", milliseconds(weighed.Remote))
+	}
+	if weighed.Read > 0 {
+		kv = append(kv, "remoteRead", weighed.Read, "remoteQueued", weighed.Queued, "remoteStale", weighed.Stale,
+			"remoteCacheFull", weighed.CacheFull, "remoteSlower", weighed.Slower)
 	}
 	l.Info("Spill estimate", kv...)
 }

@@ -83,31 +83,39 @@ func TestOneSpillPolicyPerConfiguration(t *testing.T) {
 }
 
 // At GIE's debug verbosity a request's lookup logs why it stays or crosses:
-// the estimates weighed, here the local queue of 5 (500 ms) against the
-// idle remote endpoint 400 ms away; a flow-control probe's lookup logs
+// the estimates weighed, here the local queue of 5 (500 ms) against remote
+// endpoints 400 ms away, and, when the remote endpoints were read, why
+// those read are no candidates; a flow-control probe's lookup logs
 // nothing, nor does any lookup below that verbosity.
 func TestTheSpillEstimateIsLoggedAtDebugVerbosity(t *testing.T) {
 	local := []fwkdl.Endpoint{endpoint("l0", "127.11.0.1:8000", 5, nil)}
-	remote := []fwkdl.Endpoint{endpoint("r0@west", "127.12.0.1:8000", 0, west)}
+	idle := endpoint("r0@west", "127.12.0.1:8000", 0, west)
+	queuedOne := endpoint("r0@west", "127.12.0.1:8000", 1, west)
+	queuedAtCap := endpoint("r1@west", "127.12.0.2:8000", 5, west) // the default queueDepthThreshold
 	for _, tc := range []struct {
 		name      string
+		remote    []fwkdl.Endpoint
 		margin    string
 		verbosity int
 		request   bool
 		want      string
 	}{
-		{name: "a request that crosses", margin: "20ms", verbosity: logging.DEBUG, request: true,
-			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=1 "localEstimateMs"=500 "remoteEstimateMs"=400`},
-		{name: "a request that stays", margin: "1s", verbosity: logging.DEBUG, request: true,
+		{name: "a request that crosses to the idle endpoint", remote: []fwkdl.Endpoint{idle, queuedAtCap}, margin: "20ms", verbosity: logging.DEBUG, request: true,
+			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=1 "localEstimateMs"=500 "remoteEstimateMs"=400 ` +
+				`"remoteRead"=2 "remoteQueued"=1 "remoteStale"=0 "remoteCacheFull"=0 "remoteSlower"=0`},
+		{name: "a request that stays: the remote endpoints are slower by the margin or queued", remote: []fwkdl.Endpoint{queuedOne, queuedAtCap}, margin: "20ms", verbosity: logging.DEBUG, request: true,
+			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=0 "localEstimateMs"=500 ` +
+				`"remoteRead"=2 "remoteQueued"=1 "remoteStale"=0 "remoteCacheFull"=0 "remoteSlower"=1`},
+		{name: "a request that stays: no remote endpoint is read within the round trip and margin", remote: []fwkdl.Endpoint{idle}, margin: "1s", verbosity: logging.DEBUG, request: true,
 			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=0 "localEstimateMs"=500`},
-		{name: "a saturation probe", margin: "20ms", verbosity: logging.DEBUG},
-		{name: "below debug verbosity", margin: "20ms", verbosity: logging.DEBUG - 1, request: true},
+		{name: "a saturation probe", remote: []fwkdl.Endpoint{idle}, margin: "20ms", verbosity: logging.DEBUG},
+		{name: "below debug verbosity", remote: []fwkdl.Endpoint{idle}, margin: "20ms", verbosity: logging.DEBUG - 1, request: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			config := strings.Replace(testConfig, "- type: cross-cluster-filter\n",
 				"- type: cross-cluster-filter\n  parameters: {crossMargin: "+tc.margin+"}\n", 1)
 			policy, _, _ := loadFleetinferConfig(t, config)
-			c := &candidates{ds: &fakeDatastore{local: local}, remote: &fakeRemote{eps: remote}, spill: policy, now: time.Now}
+			c := &candidates{ds: &fakeDatastore{local: local}, remote: &fakeRemote{eps: tc.remote}, spill: policy, now: time.Now}
 			var lines []string
 			ctx := log.IntoContext(context.Background(), funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: tc.verbosity}))
 			if tc.request {

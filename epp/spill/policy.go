@@ -58,6 +58,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sort"
 	"time"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -210,6 +211,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 	roomSince := now.Add(-time.Duration(p.params.RemoteMetricsStalenessThreshold))
 	k := p.params.MaxRemoteCandidates
 	top := make([]ranked, 0, k)
+	ranks := 0
 	// Equal estimates rank in visiting order: start at a random peer, so
 	// that ties do not always go to the same cluster.
 	n := len(remote.Peers)
@@ -217,21 +219,26 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 	for i := range n {
 		v := remote.Peers[(start+i)%n]
 		cost := p.crossingCost(v.Origin, m)
+		weighed.Read += len(v.Entries)
 		for j := range v.Entries {
 			e := &v.Entries[j]
 			if capped && e.Queue() >= p.params.QueueDepthThreshold {
+				weighed.Queued += len(v.Entries) - j
 				break
 			}
-			if e.Updated.Before(remote.Stale) {
+			if e.Updated.Before(remote.Stale) || capped && e.Updated.Before(roomSince) {
+				weighed.Stale++
 				continue
 			}
-			if capped && (e.Updated.Before(roomSince) || e.KVCacheUsage() >= p.params.KVCacheUtilThreshold) {
+			if capped && e.KVCacheUsage() >= p.params.KVCacheUtilThreshold {
+				weighed.CacheFull++
 				continue
 			}
 			// The view is ordered by queue: once the queue alone puts an
 			// endpoint past the bar, so it does every later one.
 			floor := p.wait(e.Queue(), poolSlots, poolRate) + cost
 			if (capped && floor >= beat) || (len(top) == k && floor >= top[k-1].est) {
+				weighed.heldUnread(v.Entries[j:], capped, p.params.QueueDepthThreshold)
 				break
 			}
 			// The prefill, from the summary, comes before the pod's own
@@ -245,6 +252,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 				unheld = p.prefill(len(prompt.Hashes) - held)
 			}
 			if (capped && floor+unheld >= beat) || (len(top) == k && floor+unheld >= top[k-1].est) {
+				weighed.Slower++
 				continue
 			}
 			// This picker's own requests in flight to the pod only add to
@@ -257,11 +265,15 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 				}
 			}
 			if capped && est >= beat {
+				weighed.Slower++
 				continue
 			}
 			top = insertBounded(top, ranked{e: e, est: est})
+			ranks++
 		}
 	}
+	// Those ranked but not among the soonest MaxRemoteCandidates.
+	weighed.Slower += ranks - len(top)
 	if len(top) == 0 {
 		return nil, weighed
 	}
@@ -276,9 +288,33 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 // Estimate is what Remote weighed: the soonest a local endpoint is expected
 // to answer the request (see LocalKnown), and the soonest a remote
 // candidate is, round trip included (0 when no remote endpoint is a
-// candidate).
+// candidate); and of the remote endpoints, how many it read (0 when the
+// best local estimate was within the nearest peer's round trip and the
+// margin, so that none could win) and why those read are no candidates:
+// Read is the candidates plus Queued, Stale, CacheFull and Slower.
 type Estimate struct {
 	Local, Remote time.Duration
+	Read          int
+	// Queued had a queue at the cap (QueueDepthThreshold), CacheFull a KV
+	// cache at its cap; Stale had data older than the remote staleness
+	// threshold; Slower were within the caps but not expected sooner than
+	// the best local endpoint by the margin, or not among the
+	// MaxRemoteCandidates soonest. Endpoints left unread because their
+	// queue alone put them past the bar count as Slower, or as Queued when
+	// their queue is at the cap.
+	Queued, Stale, CacheFull, Slower int
+}
+
+// heldUnread counts the endpoints rest, ordered by queue and left unread,
+// as Queued from the first whose queue is at the cap (capped: while local
+// endpoints have fresh metrics), as Slower before it.
+func (e *Estimate) heldUnread(rest []federation.Entry, capped bool, queueCap int) {
+	slower := len(rest)
+	if capped {
+		slower = sort.Search(len(rest), func(i int) bool { return rest[i].Queue() >= queueCap })
+	}
+	e.Slower += slower
+	e.Queued += len(rest) - slower
 }
 
 // LocalKnown reports whether some local endpoint had fresh metrics, so that

@@ -530,6 +530,56 @@ func TestRemoteReportsTheEstimatesItWeighed(t *testing.T) {
 	}
 }
 
+// Remote says why the remote endpoints it read are no candidates, each
+// endpoint counted once: here a local pod running 5 (500 ms at whole turns)
+// and a 30 ms link, so that a remote endpoint must be expected within
+// 480 ms.
+func TestRemoteCountsWhyRemoteEndpointsAreNoCandidates(t *testing.T) {
+	o := &federation.Origin{Cluster: "w", RoundTrip: &federation.RoundTrip{}}
+	o.RoundTrip.Observe(30 * time.Millisecond)
+	entry := func(name string, waiting, running int, kv float64, age time.Duration) federation.Entry {
+		m := fwkdl.NewMetrics()
+		m.WaitingQueueSize, m.RunningRequestsSize, m.KVCacheUsagePercent, m.UpdateTime = waiting, running, kv, now.Add(-age)
+		return federation.Entry{Endpoint: fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}}, m), Updated: now.Add(-age)}
+	}
+	for _, tc := range []struct {
+		name          string
+		maxCandidates int
+		entries       []federation.Entry
+		want          Estimate
+		candidates    int
+	}{
+		{name: "each cap, and one endpoint expected no sooner than the margin allows", maxCandidates: 16,
+			entries: []federation.Entry{
+				entry("idle", 0, 0, 0, 0), entry("running-3", 0, 3, 0, 0), entry("running-5", 0, 5, 0, 0),
+				entry("older-than-the-threshold", 0, 0, 0, 2*time.Second), entry("stale-in-the-federation", 0, 0, 0, 20*time.Second),
+				entry("kv-cache-full", 0, 0, 0.9, 0), entry("queue-at-the-cap", 5, 0, 0, 0), entry("queue-past-the-cap", 6, 0, 0, 0),
+			},
+			want:       Estimate{Local: 500 * time.Millisecond, Remote: 30 * time.Millisecond, Read: 8, Queued: 2, Stale: 2, CacheFull: 1, Slower: 1},
+			candidates: 2},
+		{name: "beyond the soonest candidates, and left unread by their queue", maxCandidates: 1,
+			entries: []federation.Entry{
+				entry("running-3", 0, 3, 0, 0), entry("idle", 0, 0, 0, 0), entry("queue-4", 4, 0, 0, 0), entry("queue-at-the-cap", 5, 0, 0, 0),
+			},
+			want:       Estimate{Local: 500 * time.Millisecond, Remote: 30 * time.Millisecond, Read: 4, Queued: 1, Slower: 2},
+			candidates: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			local := fwkdl.NewMetrics()
+			local.RunningRequestsSize, local.UpdateTime = 5, now
+			policy := testPolicy(t, func(p *Params) { p.RunningCost, p.MaxRemoteCandidates = 1, tc.maxCandidates })
+			got, weighed := policy.Remote([]fwkdl.Endpoint{fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: "l"}}, local)},
+				federation.Remote{Peers: []*federation.View{federation.NewView(o, tc.entries)}, Stale: now.Add(-10 * time.Second)}, nil, Prompt{})
+			if len(got) != tc.candidates || weighed != tc.want {
+				t.Fatalf("%d candidates, weighed %+v; want %d and %+v", len(got), weighed, tc.candidates, tc.want)
+			}
+			if sum := len(got) + weighed.Queued + weighed.Stale + weighed.CacheFull + weighed.Slower; sum != weighed.Read {
+				t.Fatalf("candidates and hold-backs add up to %d, read %d", sum, weighed.Read)
+			}
+		})
+	}
+}
+
 func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
 	m := fwkdl.NewMetrics()
 	m.UpdateTime = now.Add(-time.Minute) // the scrape, before watermarks vouched for it
