@@ -13,8 +13,8 @@ import (
 // every blocking and mutex event (rates of 1) for as long as the EPP runs,
 // which costs each pick about a tenth more CPU (BenchmarkPick in package
 // epp, with and without -blockprofile and -mutexprofile). Here
-// --enable-pprof serves all of net/http/pprof on the metrics port, behind
-// the metrics endpoint's authentication, and the contention profiles
+// --enable-pprof serves net/http/pprof on the metrics port, behind the
+// metrics endpoint's authentication, and the contention profiles
 // (block and mutex) record only with --contention-profiling, as the
 // Kubernetes components' flag of that name does.
 
@@ -30,11 +30,13 @@ func addProfilingFlags(fs *pflag.FlagSet, contention *bool) {
 // pprofHandlers are the profiling endpoints by path: the index, which also
 // serves every named profile (/debug/pprof/heap, allocs, goroutine, block,
 // mutex, threadcreate), the CPU profile, the execution trace, and the
-// command line and symbol lookups that `go tool pprof` reads.
+// symbol lookup of `go tool pprof`. Not the command line: it holds the
+// EndpointPickerConfig (--config-text) and file paths, and the endpoints
+// are open to whoever reaches the metrics port when its authentication is
+// off, as in KServe's scheduler preset.
 func pprofHandlers() map[string]http.Handler {
 	return map[string]http.Handler{
 		"/debug/pprof/":        http.HandlerFunc(pprof.Index),
-		"/debug/pprof/cmdline": http.HandlerFunc(pprof.Cmdline),
 		"/debug/pprof/profile": http.HandlerFunc(pprof.Profile),
 		"/debug/pprof/symbol":  http.HandlerFunc(pprof.Symbol),
 		"/debug/pprof/trace":   http.HandlerFunc(pprof.Trace),
