@@ -44,12 +44,12 @@ func pprofHandlers() map[string]http.Handler {
 }
 
 // recordContention sets the block and mutex profiles to record every event
-// (on) or none (off), and returns the mutex fraction it replaced.
-func recordContention(on bool) int {
+// (on) or none (off).
+func recordContention(on bool) {
 	rate := 0
 	if on {
 		rate = 1
 	}
 	runtime.SetBlockProfileRate(rate)
-	return runtime.SetMutexProfileFraction(rate)
+	runtime.SetMutexProfileFraction(rate)
 }

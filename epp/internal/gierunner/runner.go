@@ -235,8 +235,8 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	} else {
 		isLeader.Store(true)
 	}
-	// fleetinfer: every pprof endpoint, contention recorded only on
-	// request (profiling.go).
+	// fleetinfer: the CPU profile and trace too, and contention recorded
+	// only on request (profiling.go).
 	if opts.EnablePprof {
 		for path, h := range pprofHandlers() {
 			if err := mgr.AddMetricsServerExtraHandler(path, h); err != nil {
