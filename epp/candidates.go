@@ -143,7 +143,7 @@ func logSpill(ctx context.Context, weighed spill.Estimate, remoteCandidates int)
 	}
 	if weighed.Read > 0 {
 		kv = append(kv, "remoteRead", weighed.Read, "remoteQueued", weighed.Queued, "remoteStale", weighed.Stale,
-			"remoteCacheFull", weighed.CacheFull, "remoteSlower", weighed.Slower)
+			"remoteCacheFull", weighed.CacheFull, "remoteSlower", weighed.Slower, "remoteUnconnected", weighed.Unconnected)
 	}
 	l.Info("Spill estimate", kv...)
 }

@@ -14,6 +14,7 @@ import (
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
 	"github.com/fleetinfer/fleetinfer/epp/federation"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 )
 
 // A crossing request's candidates are the few remote endpoints expected
@@ -98,14 +99,21 @@ func TestTheSpillEstimateIsLoggedAtDebugVerbosity(t *testing.T) {
 		margin    string
 		verbosity int
 		request   bool
-		want      string
+		// metered gives the lookup a meter, which has seen no crossing: a
+		// crossing would open a new connection.
+		metered bool
+		want    string
 	}{
 		{name: "a request that crosses to the idle endpoint", remote: []fwkdl.Endpoint{idle, queuedAtCap}, margin: "20ms", verbosity: logging.DEBUG, request: true,
 			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=1 "localEstimateMs"=500 "remoteEstimateMs"=400 ` +
-				`"remoteRead"=2 "remoteQueued"=1 "remoteStale"=0 "remoteCacheFull"=0 "remoteSlower"=0`},
+				`"remoteRead"=2 "remoteQueued"=1 "remoteStale"=0 "remoteCacheFull"=0 "remoteSlower"=0 "remoteUnconnected"=0`},
 		{name: "a request that stays: the remote endpoints are slower by the margin or queued", remote: []fwkdl.Endpoint{queuedOne, queuedAtCap}, margin: "20ms", verbosity: logging.DEBUG, request: true,
 			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=0 "localEstimateMs"=500 ` +
-				`"remoteRead"=2 "remoteQueued"=1 "remoteStale"=0 "remoteCacheFull"=0 "remoteSlower"=1`},
+				`"remoteRead"=2 "remoteQueued"=1 "remoteStale"=0 "remoteCacheFull"=0 "remoteSlower"=1 "remoteUnconnected"=0`},
+		{name: "a request that stays: the idle endpoint is no sooner with a new connection's round trip", remote: []fwkdl.Endpoint{idle}, margin: "20ms", verbosity: logging.DEBUG, request: true,
+			metered: true,
+			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=0 "localEstimateMs"=500 ` +
+				`"remoteRead"=1 "remoteQueued"=0 "remoteStale"=0 "remoteCacheFull"=0 "remoteSlower"=1 "remoteUnconnected"=1`},
 		{name: "a request that stays: no remote endpoint is read within the round trip and margin", remote: []fwkdl.Endpoint{idle}, margin: "1s", verbosity: logging.DEBUG, request: true,
 			want: `"level"=4 "msg"="Spill estimate" "remoteCandidates"=0 "localEstimateMs"=500`},
 		{name: "a saturation probe", remote: []fwkdl.Endpoint{idle}, margin: "20ms", verbosity: logging.DEBUG},
@@ -116,6 +124,9 @@ func TestTheSpillEstimateIsLoggedAtDebugVerbosity(t *testing.T) {
 				"- type: cross-cluster-filter\n  parameters: {crossMargin: "+tc.margin+"}\n", 1)
 			policy, _, _ := loadFleetinferConfig(t, config)
 			c := &candidates{ds: &fakeDatastore{local: local}, remote: &fakeRemote{eps: tc.remote}, spill: policy, now: time.Now}
+			if tc.metered {
+				c.meter = spill.NewMeter()
+			}
 			var lines []string
 			ctx := log.IntoContext(context.Background(), funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: tc.verbosity}))
 			if tc.request {

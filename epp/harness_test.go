@@ -319,6 +319,15 @@ func (s *heldStream) Recv() (*extProcPb.ProcessingRequest, error) {
 
 // requestHeld sends a request and returns its destination while the
 // request stays in flight; finish ends it.
+// connected records a crossing to each remote endpoint's destination a
+// moment ago: the gateway keeps its connections there open, so that a
+// crossing costs its round trip alone (spill.Params.ConnectRoundTrips).
+func (h *harness) connected(remote []fwkdl.Endpoint) {
+	for _, ep := range remote {
+		h.meter.CrossedAt(spill.Destination(federation.OriginOf(ep.GetAttributes()), ep.GetMetadata()), time.Now())
+	}
+}
+
 func (h *harness) requestHeld(t testing.TB, body string) (dest string, finish func()) {
 	t.Helper()
 	s := &heldStream{in: requestMessages(body, len(body), nil), sent: make(chan *extProcPb.ProcessingResponse, 16), release: make(chan struct{})}

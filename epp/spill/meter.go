@@ -8,6 +8,10 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
 
 // Meter measures what the estimate needs of the endpoints this picker
@@ -36,6 +40,10 @@ type Meter struct {
 	// other cluster's gateway and picker in Parent mode), which pings of
 	// the federation stream do not see.
 	paths sync.Map // cluster → *atomic.Int64
+	// sent holds, per destination a crossing's gateway connects to (see
+	// Destination), when this picker last sent a request there (unix ns):
+	// whether the gateway still keeps a connection open to it.
+	sent sync.Map // destination → *atomic.Int64
 	// changed receives, without blocking, when a request starts or ends:
 	// the load this picker knows of its pods (Load) changed.
 	changed chan struct{}
@@ -375,6 +383,55 @@ func movedTowards(cur, sample int64) int64 {
 		return sample
 	}
 	return cur + (sample-cur)/5
+}
+
+// Destination is what the gateway connects to for a request picked to the
+// remote endpoint md of origin o: the other cluster's gateway in Parent
+// mode, the pod itself in Endpoint mode. The gateway (Envoy's ORIGINAL_DST
+// cluster) keeps connections per destination.
+func Destination(o *federation.Origin, md *fwkdl.EndpointMetadata) string {
+	if o.Mode == fleetv1alpha1.FederationParent {
+		return o.Gateway
+	}
+	return federation.PodAddress(md)
+}
+
+// CrossedAt records that this picker sent a request to the remote
+// destination dest at at.
+func (m *Meter) CrossedAt(dest string, at time.Time) {
+	if m == nil {
+		return
+	}
+	v, ok := m.sent.Load(dest)
+	if !ok {
+		v, _ = m.sent.LoadOrStore(dest, new(atomic.Int64))
+	}
+	raise(v.(*atomic.Int64), at.UnixNano())
+}
+
+// ForgetCrossingsBefore drops the destinations this picker last sent to
+// before t, so that one running for months does not keep every remote pod
+// it ever crossed to (Endpoint mode). A destination forgotten counts as
+// one without a connection.
+func (m *Meter) ForgetCrossingsBefore(t time.Time) {
+	if m == nil {
+		return
+	}
+	m.sent.Range(func(k, v any) bool {
+		if v.(*atomic.Int64).Load() < t.UnixNano() {
+			m.sent.CompareAndDelete(k, v)
+		}
+		return true
+	})
+}
+
+// sentSince reports whether this picker sent a request to dest after t.
+func (m *Meter) sentSince(dest string, t time.Time) bool {
+	if m == nil {
+		return false
+	}
+	v, ok := m.sent.Load(dest)
+	return ok && v.(*atomic.Int64).Load() > t.UnixNano()
 }
 
 // Path returns the measured time of a crossing to cluster (see Crossed),

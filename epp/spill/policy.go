@@ -63,6 +63,7 @@ import (
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 )
@@ -110,6 +111,21 @@ type Params struct {
 	// every candidate on every pick, so without a bound a fleet of
 	// thousands of pods would make each crossing pick that much slower.
 	MaxRemoteCandidates int `json:"maxRemoteCandidates"`
+	// ConnectRoundTrips is what a crossing costs besides its round trip
+	// when the gateway has no connection open to its destination (see
+	// Destination): the round trips a new connection takes before the
+	// request can travel, 1 for TCP (deploy/envoy/envoy.yaml), 2 with TLS
+	// 1.3 on top. 0 leaves connections out of the estimate.
+	ConnectRoundTrips int `json:"connectRoundTrips"`
+	// DestinationIdleTimeout is how long after this picker's last crossing
+	// to a destination the gateway is taken to keep its connections there:
+	// Envoy drops an ORIGINAL_DST host, and closes its connections, once it
+	// saw no request for a cleanup_interval (5 s by default). A gateway
+	// that kept them longer costs only crossings not taken; one that kept
+	// them shorter, a handshake the estimate left out. A crossing sent by
+	// another replica of this picker also keeps them open, which this one
+	// does not see: with replicas, crossings cost more here than they do.
+	DestinationIdleTimeout Duration `json:"destinationIdleTimeout"`
 	// LearnCrossingPath charges a crossing its measured path (Meter.Path)
 	// where that exceeds the link's round trip. Off by default: the path
 	// also holds the origin's own forwarding after the pick, which a local
@@ -128,13 +144,22 @@ var DefaultParams = Params{
 	MetricsStalenessThreshold:       Duration(200 * time.Millisecond),
 	RemoteMetricsStalenessThreshold: Duration(time.Second),
 	MaxRemoteCandidates:             16,
+	ConnectRoundTrips:               1,
+	DestinationIdleTimeout:          Duration(5 * time.Second),
 }
+
+// MaxDestinationIdleTimeout bounds DestinationIdleTimeout: the meter
+// forgets destinations not crossed to for that long.
+const MaxDestinationIdleTimeout = time.Hour
 
 // Validate checks the parameters.
 func (p Params) Validate() error {
 	if p.CrossMargin < 0 || p.PrefillPerToken < 0 || !(p.ServiceRate > 0) || p.QueueDepthThreshold <= 0 || p.KVCacheUtilThreshold <= 0 || p.KVCacheUtilThreshold > 1 ||
 		p.MetricsStalenessThreshold <= 0 || p.RemoteMetricsStalenessThreshold <= 0 || p.MaxRemoteCandidates <= 0 || !(p.RunningCost >= 0 && p.RunningCost <= 1) {
 		return errors.New("serviceRate, thresholds and maxRemoteCandidates must be positive, crossMargin and prefillPerToken not negative, and kvCacheUtilThreshold and runningCost at most 1 (runningCost not negative)")
+	}
+	if p.ConnectRoundTrips < 0 || p.DestinationIdleTimeout <= 0 || time.Duration(p.DestinationIdleTimeout) > MaxDestinationIdleTimeout {
+		return fmt.Errorf("connectRoundTrips must not be negative, and destinationIdleTimeout positive and at most %v", MaxDestinationIdleTimeout)
 	}
 	return nil
 }
@@ -209,6 +234,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 	}
 	poolSlots := m.PoolSlots()
 	roomSince := now.Add(-time.Duration(p.params.RemoteMetricsStalenessThreshold))
+	idleSince := now.Add(-time.Duration(p.params.DestinationIdleTimeout))
 	k := p.params.MaxRemoteCandidates
 	top := make([]ranked, 0, k)
 	ranks := 0
@@ -219,6 +245,19 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 	for i := range n {
 		v := remote.Peers[(start+i)%n]
 		cost := p.crossingCost(v.Origin, m)
+		// A Parent-mode peer is one destination, its gateway, and pays a
+		// new connection once for all its pods; an Endpoint-mode peer's
+		// pods are each their own, so the queue's bar below counts the
+		// round trip alone and each pod adds its own.
+		parent := v.Origin.Mode == fleetv1alpha1.FederationParent
+		var peerConnect time.Duration
+		if parent {
+			peerConnect = p.connect(v.Origin, v.Origin.Gateway, m, idleSince)
+			cost += peerConnect
+			if peerConnect > 0 {
+				weighed.Unconnected++
+			}
+		}
 		weighed.Read += len(v.Entries)
 		for j := range v.Entries {
 			e := &v.Entries[j]
@@ -241,6 +280,13 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 				weighed.heldUnread(v.Entries[j:], capped, p.params.QueueDepthThreshold)
 				break
 			}
+			entryCost := cost
+			if !parent {
+				if c := p.connect(v.Origin, federation.PodAddress(e.Endpoint.GetMetadata()), m, idleSince); c > 0 {
+					entryCost += c
+					weighed.Unconnected++
+				}
+			}
 			// The prefill, from the summary, comes before the pod's own
 			// load: at headroom most endpoints fall past the bar by it.
 			var unheld time.Duration
@@ -251,6 +297,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 				}
 				unheld = p.prefill(len(prompt.Hashes) - held)
 			}
+			floor += entryCost - cost
 			if (capped && floor+unheld >= beat) || (len(top) == k && floor+unheld >= top[k-1].est) {
 				weighed.Slower++
 				continue
@@ -258,10 +305,10 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			// This picker's own requests in flight to the pod only add to
 			// its load: look them up only for a pod within the bar without.
 			load := e.Queue() + e.Running()
-			est := p.wait(load, poolSlots, poolRate) + cost + unheld
+			est := p.wait(load, poolSlots, poolRate) + entryCost + unheld
 			if !capped || est < beat {
 				if pm := m.lookup(e.Endpoint.GetMetadata().NamespacedName); pm != nil {
-					est = p.wait(remoteLoad(load, e, v.Origin, pm), poolSlots, poolRate) + cost + unheld
+					est = p.wait(remoteLoad(load, e, v.Origin, pm), poolSlots, poolRate) + entryCost + unheld
 				}
 			}
 			if capped && est >= beat {
@@ -303,6 +350,11 @@ type Estimate struct {
 	// queue alone put them past the bar count as Slower, or as Queued when
 	// their queue is at the cap.
 	Queued, Stale, CacheFull, Slower int
+	// Unconnected counts the destinations (Destination: a Parent-mode
+	// peer's gateway, an Endpoint-mode pod within the caps) charged a new
+	// connection (ConnectRoundTrips): this picker had not crossed there
+	// for DestinationIdleTimeout.
+	Unconnected int
 }
 
 // heldUnread counts the endpoints rest, ordered by queue and left unread,
@@ -402,6 +454,17 @@ func (p *Policy) crossingCost(o *federation.Origin, m *Meter) time.Duration {
 		return max(o.RTT(), m.Path(o.Cluster))
 	}
 	return o.RTT()
+}
+
+// connect is what a crossing to dest, in o's cluster, costs for its
+// connection: nothing while this picker crossed there since idleSince (the
+// gateway keeps a connection open) or without a meter (nothing known),
+// else ConnectRoundTrips of the link's round trip.
+func (p *Policy) connect(o *federation.Origin, dest string, m *Meter, idleSince time.Time) time.Duration {
+	if p.params.ConnectRoundTrips == 0 || m == nil || m.sentSince(dest, idleSince) {
+		return 0
+	}
+	return time.Duration(p.params.ConnectRoundTrips) * o.RTT()
 }
 
 // wait is the expected wait for a first token at a pod with load waiting

@@ -11,6 +11,7 @@ import (
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/epp/federation"
 	"github.com/fleetinfer/fleetinfer/epp/prefixes"
 )
@@ -67,15 +68,20 @@ func TestHeadroomIsFreshMetricsBelowBothThresholds(t *testing.T) {
 
 func TestNewRefusesInvalidParameters(t *testing.T) {
 	for name, edit := range map[string]func(*Params){
-		"negative queue threshold": func(p *Params) { p.QueueDepthThreshold = -1 },
-		"KV threshold above 1":     func(p *Params) { p.KVCacheUtilThreshold = 80 },
-		"no staleness threshold":   func(p *Params) { p.MetricsStalenessThreshold = 0 },
-		"no remote candidates":     func(p *Params) { p.MaxRemoteCandidates = 0 },
-		"negative margin":          func(p *Params) { p.CrossMargin = -1 },
-		"no service rate":          func(p *Params) { p.ServiceRate = 0 },
-		"negative prefill time":    func(p *Params) { p.PrefillPerToken = -1 },
-		"running cost above 1":     func(p *Params) { p.RunningCost = 1.5 },
-		"negative running cost":    func(p *Params) { p.RunningCost = -0.25 },
+		"negative queue threshold":     func(p *Params) { p.QueueDepthThreshold = -1 },
+		"KV threshold above 1":         func(p *Params) { p.KVCacheUtilThreshold = 80 },
+		"no staleness threshold":       func(p *Params) { p.MetricsStalenessThreshold = 0 },
+		"no remote candidates":         func(p *Params) { p.MaxRemoteCandidates = 0 },
+		"negative margin":              func(p *Params) { p.CrossMargin = -1 },
+		"no service rate":              func(p *Params) { p.ServiceRate = 0 },
+		"negative prefill time":        func(p *Params) { p.PrefillPerToken = -1 },
+		"running cost above 1":         func(p *Params) { p.RunningCost = 1.5 },
+		"negative running cost":        func(p *Params) { p.RunningCost = -0.25 },
+		"negative connect round trips": func(p *Params) { p.ConnectRoundTrips = -1 },
+		"no destination idle timeout":  func(p *Params) { p.DestinationIdleTimeout = 0 },
+		"destination idle timeout beyond what the meter keeps": func(p *Params) {
+			p.DestinationIdleTimeout = Duration(MaxDestinationIdleTimeout + time.Second)
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := DefaultParams
@@ -271,7 +277,9 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			policy := testPolicy(t, func(p *Params) {
-				p.RunningCost = 0.25
+				// Connections have their own test: here every crossing
+				// costs its round trip alone.
+				p.RunningCost, p.ConnectRoundTrips = 0.25, 0
 				if tc.edit != nil {
 					tc.edit(p)
 				}
@@ -577,6 +585,95 @@ func TestRemoteCountsWhyRemoteEndpointsAreNoCandidates(t *testing.T) {
 				t.Fatalf("candidates and hold-backs add up to %d, read %d", sum, weighed.Read)
 			}
 		})
+	}
+}
+
+// A crossing over a connection the gateway no longer keeps waits for a new
+// one: here a local pod running 1 (100 ms at whole turns), a 45 ms link and the 20 ms margin, so that an idle remote pod
+// wins by 35 ms over an open connection and loses by 10 without one.
+func TestACrossingWithoutAnOpenConnectionPaysItsHandshake(t *testing.T) {
+	endpoint := func(name, ip string, running int) *fwkdl.ModelServer {
+		m := fwkdl.NewMetrics()
+		m.RunningRequestsSize, m.UpdateTime = running, now
+		return fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: types.NamespacedName{Name: name}, Address: ip, Port: "8000"}, m)
+	}
+	peer := func(cluster string, mode fleetv1alpha1.FederationMode, pods ...*fwkdl.ModelServer) *federation.View {
+		o := &federation.Origin{Cluster: cluster, Mode: mode, Gateway: "gw-" + cluster + ":8080", RoundTrip: &federation.RoundTrip{}}
+		o.RoundTrip.Observe(45 * time.Millisecond)
+		var entries []federation.Entry
+		for _, ep := range pods {
+			entries = append(entries, federation.Entry{Endpoint: ep, Updated: now})
+		}
+		return federation.NewView(o, entries)
+	}
+	parent := peer("w", fleetv1alpha1.FederationParent, endpoint("w", "10.1.0.1", 0))
+	// crossed is a meter that sent a request to each destination, ago.
+	crossed := func(ago time.Duration, dests ...string) *Meter {
+		m := NewMeter()
+		for _, d := range dests {
+			m.CrossedAt(d, now.Add(-ago))
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name            string
+		edit            func(*Params)
+		meter           *Meter
+		peer            *federation.View
+		want            string
+		wantUnconnected int
+	}{
+		{name: "Parent mode, crossed to the peer's gateway a second ago: the connection is open, and the request crosses",
+			meter: crossed(time.Second, "gw-w:8080"), peer: parent, want: "w"},
+		{name: "crossed there longer ago than the idle timeout: the handshake's round trip makes the remote pod slower",
+			meter: crossed(6*time.Second, "gw-w:8080"), peer: parent, wantUnconnected: 1},
+		{name: "never crossed there", meter: NewMeter(), peer: parent, wantUnconnected: 1},
+		{name: "a connection to another peer's gateway is no connection to this one",
+			meter: crossed(time.Second, "gw-c:8080"), peer: parent, wantUnconnected: 1},
+		{name: "a gateway that keeps connections longer",
+			edit:  func(p *Params) { p.DestinationIdleTimeout = Duration(10 * time.Second) },
+			meter: crossed(6*time.Second, "gw-w:8080"), peer: parent, want: "w"},
+		{name: "connections left out", edit: func(p *Params) { p.ConnectRoundTrips = 0 }, meter: NewMeter(), peer: parent, want: "w"},
+		{name: "TLS on top takes two round trips: an open connection still wins",
+			edit:  func(p *Params) { p.ConnectRoundTrips = 2 },
+			meter: crossed(time.Second, "gw-w:8080"), peer: parent, want: "w"},
+		{name: "without a meter nothing is known of connections, and none is charged", peer: parent, want: "w"},
+		{name: "Endpoint mode: each pod is its own destination, and only the pod crossed to has a connection",
+			meter: crossed(time.Second, "10.1.0.2:8000"),
+			peer:  peer("w", fleetv1alpha1.FederationEndpoint, endpoint("w-unconnected", "10.1.0.1", 0), endpoint("w-connected", "10.1.0.2", 0)),
+			want:  "w-connected", wantUnconnected: 1},
+		{name: "Endpoint mode: the gateway's address is no pod's",
+			meter: crossed(time.Second, "gw-w:8080"),
+			peer:  peer("w", fleetv1alpha1.FederationEndpoint, endpoint("w", "10.1.0.1", 0)), wantUnconnected: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policy := testPolicy(t, func(p *Params) {
+				p.RunningCost = 1
+				if tc.edit != nil {
+					tc.edit(p)
+				}
+			})
+			local := []fwkdl.Endpoint{endpoint("l", "10.0.0.1", 1)}
+			got, weighed := policy.Remote(local, federation.Remote{Peers: []*federation.View{tc.peer}, Stale: now.Add(-2 * time.Second)}, tc.meter, Prompt{})
+			var names []string
+			for _, e := range got {
+				names = append(names, e.GetMetadata().NamespacedName.Name)
+			}
+			if strings.Join(names, ",") != tc.want || weighed.Unconnected != tc.wantUnconnected {
+				t.Fatalf("candidates %v with %d charged a connection, want %q and %d", names, weighed.Unconnected, tc.want, tc.wantUnconnected)
+			}
+		})
+	}
+}
+
+func TestForgetCrossingsBeforeKeepsOnlyLaterDestinations(t *testing.T) {
+	m := NewMeter()
+	m.CrossedAt("old:8080", now.Add(-2*time.Hour))
+	m.CrossedAt("recent:8080", now.Add(-time.Minute))
+	m.CrossedAt("recent:8080", now.Add(-3*time.Hour)) // an earlier pick recorded late
+	m.ForgetCrossingsBefore(now.Add(-time.Hour))
+	if m.sentSince("old:8080", now.Add(-3*time.Hour)) || !m.sentSince("recent:8080", now.Add(-2*time.Minute)) {
+		t.Fatalf("after forgetting: old kept %t, recent kept %t", m.sentSince("old:8080", now.Add(-3*time.Hour)), m.sentSince("recent:8080", now.Add(-2*time.Minute)))
 	}
 }
 
