@@ -84,12 +84,11 @@ func (d director) HandleRequest(ctx context.Context, reqCtx *handlers.RequestCon
 	dest := make([]string, 0, len(p.targets))
 	var pods []string
 	for _, t := range p.targets {
-		addr := federation.PodAddress(t.GetMetadata())
-		if o := federation.OriginOf(t); o != nil && o.Mode == fleetv1alpha1.FederationParent {
-			pods = append(pods, addr)
-			addr = o.Gateway
+		o := federation.OriginOf(t)
+		if o != nil && o.Mode == fleetv1alpha1.FederationParent {
+			pods = append(pods, federation.PodAddress(t.GetMetadata()))
 		}
-		if !slices.Contains(dest, addr) {
+		if addr := federation.NextHop(o, t.GetMetadata()); !slices.Contains(dest, addr) {
 			dest = append(dest, addr)
 		}
 	}

@@ -16,11 +16,6 @@ import (
 // pods that went away.
 const forgetInterval = time.Minute
 
-// forgetCrossingsAfter is how long the meter keeps when this picker last
-// crossed to a destination: longer than any connection idle timeout the
-// spill policy accepts (spill.MaxDestinationIdleTimeout).
-const forgetCrossingsAfter = spill.MaxDestinationIdleTimeout
-
 // gonePods drops, every forgetInterval, what this picker keeps per pod of
 // the pods that went away: the load meter's measurements (a picker with or
 // without peers meters every pod it sends to) and, with federation, the
@@ -50,7 +45,9 @@ func (g gonePods) forget() {
 		g.prefixes.Retain(func(pod types.NamespacedName) bool { return local[pod] })
 	}
 	g.meter.Retain(func(pod types.NamespacedName) bool { return local[pod] || present[pod] })
-	g.meter.ForgetCrossingsBefore(g.now().Add(-forgetCrossingsAfter))
+	// A destination idle for longer than any connection idle timeout the
+	// spill policy accepts has no connection left.
+	g.meter.ForgetCrossingsBefore(g.now().Add(-spill.MaxDestinationIdleTimeout))
 }
 
 // present returns the local pods, which the prefix record holds, and the

@@ -324,7 +324,7 @@ func (s *heldStream) Recv() (*extProcPb.ProcessingRequest, error) {
 // crossing costs its round trip alone (spill.Params.ConnectRoundTrips).
 func (h *harness) connected(remote []fwkdl.Endpoint) {
 	for _, ep := range remote {
-		h.meter.CrossedAt(spill.Destination(federation.OriginOf(ep.GetAttributes()), ep.GetMetadata()), time.Now())
+		h.meter.CrossedAt(federation.NextHop(federation.OriginOf(ep.GetAttributes()), ep.GetMetadata()), time.Now())
 	}
 }
 

@@ -148,7 +148,7 @@ func (r pickRecorder) PreRequest(ctx context.Context, req *fwksched.LLMRequest, 
 	p.pickedAt, p.crossed = time.Now(), ""
 	if o := federation.OriginOf(p.targets[0]); o != nil {
 		p.crossed = o.Cluster
-		r.meter.CrossedAt(spill.Destination(o, p.targets[0].GetMetadata()), p.pickedAt)
+		r.meter.CrossedAt(federation.NextHop(o, p.targets[0].GetMetadata()), p.pickedAt)
 	} else if r.prefixes != nil {
 		r.prefixes.Record(p.targets[0].GetMetadata().NamespacedName, p.promptOf(req))
 	}

@@ -409,3 +409,14 @@ func (s *Store) Count() map[string]int {
 func PodAddress(md *fwkdl.EndpointMetadata) string {
 	return net.JoinHostPort(md.GetIPAddress(), md.GetPort())
 }
+
+// NextHop is the address the entry gateway sends a request picked to the
+// endpoint md of origin o (nil: a local endpoint) to: the other cluster's
+// gateway in Parent mode, the pod itself otherwise. The gateway (Envoy's
+// ORIGINAL_DST cluster) keeps its connections per next hop.
+func NextHop(o *Origin, md *fwkdl.EndpointMetadata) string {
+	if o != nil && o.Mode == fleetv1alpha1.FederationParent {
+		return o.Gateway
+	}
+	return PodAddress(md)
+}

@@ -8,10 +8,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
-	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
-
-	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
-	"github.com/fleetinfer/fleetinfer/epp/federation"
 )
 
 // Meter measures what the estimate needs of the endpoints this picker
@@ -40,9 +36,9 @@ type Meter struct {
 	// other cluster's gateway and picker in Parent mode), which pings of
 	// the federation stream do not see.
 	paths sync.Map // cluster → *atomic.Int64
-	// sent holds, per destination a crossing's gateway connects to (see
-	// Destination), when this picker last sent a request there (unix ns):
-	// whether the gateway still keeps a connection open to it.
+	// sent holds, per destination a crossing's gateway connects to
+	// (federation.NextHop), when this picker last sent a request there
+	// (unix ns): whether the gateway still keeps a connection open to it.
 	sent sync.Map // destination → *atomic.Int64
 	// changed receives, without blocking, when a request starts or ends:
 	// the load this picker knows of its pods (Load) changed.
@@ -383,17 +379,6 @@ func movedTowards(cur, sample int64) int64 {
 		return sample
 	}
 	return cur + (sample-cur)/5
-}
-
-// Destination is what the gateway connects to for a request picked to the
-// remote endpoint md of origin o: the other cluster's gateway in Parent
-// mode, the pod itself in Endpoint mode. The gateway (Envoy's ORIGINAL_DST
-// cluster) keeps connections per destination.
-func Destination(o *federation.Origin, md *fwkdl.EndpointMetadata) string {
-	if o.Mode == fleetv1alpha1.FederationParent {
-		return o.Gateway
-	}
-	return federation.PodAddress(md)
 }
 
 // CrossedAt records that this picker sent a request to the remote

@@ -112,8 +112,8 @@ type Params struct {
 	// thousands of pods would make each crossing pick that much slower.
 	MaxRemoteCandidates int `json:"maxRemoteCandidates"`
 	// ConnectRoundTrips is what a crossing costs besides its round trip
-	// when the gateway has no connection open to its destination (see
-	// Destination): the round trips a new connection takes before the
+	// when the gateway has no connection open to its destination
+	// (federation.NextHop): the round trips a new connection takes before the
 	// request can travel, 1 for TCP (deploy/envoy/envoy.yaml), 2 with TLS
 	// 1.3 on top. 0 leaves connections out of the estimate.
 	ConnectRoundTrips int `json:"connectRoundTrips"`
@@ -250,11 +250,9 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 		// pods are each their own, so the queue's bar below counts the
 		// round trip alone and each pod adds its own.
 		parent := v.Origin.Mode == fleetv1alpha1.FederationParent
-		var peerConnect time.Duration
 		if parent {
-			peerConnect = p.connect(v.Origin, v.Origin.Gateway, m, idleSince)
-			cost += peerConnect
-			if peerConnect > 0 {
+			if c := p.connect(v.Origin, v.Origin.Gateway, m, idleSince); c > 0 {
+				cost += c
 				weighed.Unconnected++
 			}
 		}
@@ -350,7 +348,7 @@ type Estimate struct {
 	// queue alone put them past the bar count as Slower, or as Queued when
 	// their queue is at the cap.
 	Queued, Stale, CacheFull, Slower int
-	// Unconnected counts the destinations (Destination: a Parent-mode
+	// Unconnected counts the destinations (federation.NextHop: a Parent-mode
 	// peer's gateway, an Endpoint-mode pod within the caps) charged a new
 	// connection (ConnectRoundTrips): this picker had not crossed there
 	// for DestinationIdleTimeout.
