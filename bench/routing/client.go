@@ -46,15 +46,24 @@ type loadClient struct {
 	// podCluster maps the simulator's x-inference-pod header to the pod's
 	// cluster.
 	podCluster map[string]int
-	// rtt is the current round trip between two clusters; nil: none.
-	rtt func(a, b int) time.Duration
+	// links carries attempts that leave for another cluster over the link
+	// between the two; nil: every address is reached directly.
+	links linker
 }
 
-func newLoadClient(maxTokens int, timeout time.Duration, podCluster map[string]int, rtt func(a, b int) time.Duration) *loadClient {
+// linker reaches addresses in other clusters as a client standing in one
+// cluster would: over the link between the two.
+type linker interface {
+	// reach returns the URL by which a connection from cluster from reaches
+	// url, an address in cluster to (from ≠ to).
+	reach(from, to int, url string) (string, error)
+}
+
+func newLoadClient(maxTokens int, timeout time.Duration, podCluster map[string]int, links linker) *loadClient {
 	return &loadClient{
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true,
 			IdleConnTimeout: 30 * time.Second}},
-		maxTokens: maxTokens, timeout: timeout, podCluster: podCluster, rtt: rtt,
+		maxTokens: maxTokens, timeout: timeout, podCluster: podCluster, links: links,
 	}
 }
 
@@ -67,13 +76,12 @@ var errNoRoute = errors.New("no route")
 //
 // The client stands in the cluster the request enters. The fabric delays
 // connections by their source address, and the client's (127.0.0.1) is in
-// no cluster, so an attempt the router sends to another cluster first waits
-// out the links' current round trips on its way (detour): what the request
-// and its first token would spend on them. SkyServe's requests go to its
+// no cluster, so an attempt the router sends to another cluster goes there
+// over the link the links give it (linked): SkyServe's requests go to its
 // load balancer's region, pass its proxy (skyProxy) and go from there to
 // the gateway it picks; the oracle's go straight to the pod. Requests that
 // enter their own gateway (cluster-local GIE, fleetinfer) cross, if at
-// all, from gateway to gateway, which the fabric delays itself.
+// all, from gateway to gateway, which the fabric carries itself.
 func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Time) (res result) {
 	res = result{At: a.At, Entry: a.Entry, Served: -1}
 	defer func() {
@@ -103,16 +111,16 @@ func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Tim
 			res.Err = errNoRoute.Error()
 			return res
 		}
-		if d := c.detour(from, t); d > 0 {
-			select {
-			case <-time.After(d):
-			case <-ctx.Done():
-			}
+		linked, err := c.linked(from, t)
+		if err != nil {
+			r.done(t)
+			res.Err = err.Error()
+			return res
 		}
 		if t.via >= 0 {
 			from = t.via
 		}
-		retry, err := c.attempt(ctx, t, body, start, &res)
+		retry, err := c.attempt(ctx, linked, body, start, &res)
 		r.done(t)
 		if err == nil {
 			return res
@@ -125,23 +133,25 @@ func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Tim
 	return res
 }
 
-// detour is the round trips an attempt from cluster from to t spends on
-// links the fabric does not delay: to the load balancer it passes, if any,
-// and from there to t's cluster.
-func (c *loadClient) detour(from int, t target) time.Duration {
-	if c.rtt == nil {
-		return 0
-	}
-	hop := func(a, b int) time.Duration {
-		if a == b {
-			return 0
+// linked is t with the URLs an attempt leaving cluster from connects to:
+// the load balancer it passes, if any, reached from from, and t's own URL
+// reached from the load balancer's cluster, or from from without one.
+func (c *loadClient) linked(from int, t target) (target, error) {
+	hop := func(a, b int, url string) (string, error) {
+		if a == b || c.links == nil {
+			return url, nil
 		}
-		return c.rtt(a, b)
+		return c.links.reach(a, b, url)
 	}
+	var err error
 	if t.via >= 0 {
-		return hop(from, t.via) + hop(t.via, t.Cluster)
+		if t.lb, err = hop(from, t.via, t.lb); err != nil {
+			return t, err
+		}
+		from = t.via
 	}
-	return hop(from, t.Cluster)
+	t.URL, err = hop(from, t.Cluster, t.URL)
+	return t, err
 }
 
 // attempt sends one try; retry reports a connection error before any

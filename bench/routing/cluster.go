@@ -83,6 +83,8 @@ type deployment struct {
 	pool *fedpool.Pool
 	// podCluster maps model-server pod names to cluster indices.
 	podCluster map[string]int
+	// links carry the benchmark's own connections between clusters.
+	links *fabricLinks
 }
 
 // deploy creates the scenario's model servers and fleetinfer's federated
@@ -100,7 +102,11 @@ func deploy(ctx context.Context, fl *fleet.Fleet, sc scenario, ns, eppConfig str
 	if err != nil {
 		return nil, err
 	}
-	d := &deployment{fl: fl, ns: ns, pool: pool, podCluster: map[string]int{}}
+	var clusters []string
+	for _, s := range fl.Spokes {
+		clusters = append(clusters, s.Name())
+	}
+	d := &deployment{fl: fl, ns: ns, pool: pool, podCluster: map[string]int{}, links: newFabricLinks(fl.Fabric(), clusters)}
 	for i, s := range fl.Spokes {
 		for _, o := range []client.Object{fedpool.InferencePool(ns, stockPool, fleetPool, fedpool.EPPName(stockPool)),
 			fedpool.EPPService(ns, fedpool.EPPName(stockPool)), stockEPPPod(s, ns),
@@ -271,24 +277,22 @@ func (d *deployment) usePool(ctx context.Context, pool string, maxTokens int) er
 	return d.warm(ctx, maxTokens, fedpool.Host(pool, d.ns))
 }
 
-// crossingBurst is how many completions warmCrossings sends at once
-// through each gateway: more than a cluster's batch slots, so that its
-// picker crosses with some, about as many at once as a scenario's busiest
-// moments cross.
+// crossingBurst is how many completions warmLinks sends at once from each
+// cluster: more than a cluster's batch slots, so that the policy crosses
+// with some, about as many at once as a scenario's busiest moments cross.
 const crossingBurst = 24
 
-// warmCrossings sends a burst of completions of maxTokens through each
-// gateway to fleetinfer's pool, right before one of its runs, and returns
-// how many of each burst crossed. A fleet serving steady traffic holds
-// connections open between its gateways; between this benchmark's runs of
-// fleetinfer, other policies run for a minute and more, long enough for a
-// gateway to drop the other gateways' hosts as Envoy's ORIGINAL_DST
-// cluster does (5 s unused). Without the burst a run would pay a
-// connection's handshake over the link on its first crossings, which the
-// other policies' clients never pay.
-func (d *deployment) warmCrossings(ctx context.Context, maxTokens int) ([]int, error) {
-	c := newLoadClient(maxTokens, 10*time.Second, d.podCluster, nil)
-	r := &entryRouter{gws: d.gateways(), host: d.pool.Host()}
+// warmLinks sends a burst of completions of maxTokens from each cluster
+// through r, the policy about to run, with c, the run's client, and returns
+// how many of each burst crossed. A fleet serving steady traffic holds its
+// connections across the links open: fleetinfer's gateways' to the other
+// gateways, SkyServe's clients' to its load balancer and the load
+// balancer's to the gateways, the oracle's to the pods. Between this
+// benchmark's runs of one policy the others run for a minute and more,
+// long enough for a gateway to drop the other gateways' hosts as Envoy's
+// ORIGINAL_DST cluster does (5 s unused). Without the burst a run would
+// pay connections' handshakes over the links on its first crossings.
+func (d *deployment) warmLinks(ctx context.Context, r router, c *loadClient) ([]int, error) {
 	crossed := make([]int, len(d.fl.Spokes))
 	for i := range d.fl.Spokes {
 		burst := make([]arrival, crossingBurst)
@@ -371,6 +375,7 @@ func gatewayReady(ctx context.Context, s *fleet.Cluster) bool {
 // bounded time) for its pods to be gone, so that the next scenario does not
 // share the machine with them.
 func (d *deployment) remove(ctx context.Context) error {
+	d.links.close()
 	for _, s := range d.fl.Spokes {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: d.ns}}
 		if err := client.IgnoreNotFound(s.Client.Delete(ctx, ns, client.GracePeriodSeconds(0))); err != nil {

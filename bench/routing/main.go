@@ -299,23 +299,28 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si i
 					return err
 				}
 			}
-			if pol == "fleetinfer" {
-				crossed, err := d.warmCrossings(ctx, c.maxTokens)
+			cl := newLoadClient(c.maxTokens, 60*time.Second, d.podCluster, d.links)
+			runCtx, cancel := context.WithCancel(ctx)
+			sky, _ := r.(*skyServe)
+			probe := func(i int) bool { return gatewayReady(runCtx, fl.Spokes[i]) }
+			if sky != nil {
+				sky.refresh(probe)
+			}
+			if pol != "gie-local" {
+				crossed, err := d.warmLinks(ctx, r, cl)
 				if err != nil {
+					cancel()
 					return err
 				}
-				fmt.Printf("  %-12s warm-up: of %d completions through each gateway, %v crossed\n", pol, crossingBurst, crossed)
+				fmt.Printf("  %-12s warm-up: of %d completions from each cluster, %v crossed\n", pol, crossingBurst, crossed)
 			}
 			before, err := d.pickerCounts(ctx, pol)
 			if err != nil {
+				cancel()
 				return err
 			}
-			cl := newLoadClient(c.maxTokens, 60*time.Second, d.podCluster, d.rtt)
-			runCtx, cancel := context.WithCancel(ctx)
 			start := time.Now().Add(200 * time.Millisecond)
-			if sky, ok := r.(*skyServe); ok {
-				probe := func(i int) bool { return gatewayReady(runCtx, fl.Spokes[i]) }
-				sky.refresh(probe)
+			if sky != nil {
 				go sky.sync(runCtx, start, probe)
 			}
 			restore, err := d.setSlowLink(sc)

@@ -510,7 +510,8 @@ func (r *results) markdown() string {
 			"pod networks are %s (no cluster reaches another's pod addresses) and fleetinfer's pickers federate in %s mode: a request that crosses goes "+
 			"from the entry cluster's gateway to the other cluster's, with signed marks, and pays the link. The load generator stands in the cluster a request "+
 			"enters; where a policy's request travels to another cluster from the client (to SkyServe's load balancer, from it to another gateway, the oracle's "+
-			"to another cluster's pod), the client first waits out those links' current round trips, since the fabric does not delay the client's own connections. "+
+			"to another cluster's pod), it crosses the same links through a fabric forward from the cluster it leaves, and before each run a burst of 24 "+
+			"completions from each cluster through the policy opens the connections its crossings use, as steady traffic keeps them open. "+
 			"The one exception is hot-cluster-flat: the same workload as hot-cluster on flat pod networks (the fabric routes a connection to another "+
 			"cluster's pod address over the link), with fleetinfer's pickers in Endpoint mode, so that a crossing request goes from the entry cluster's "+
 			"gateway straight to the remote pod, without the other cluster's gateway and picker.\n\n",

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetinfer/fleetinfer/localfleet/wan"
 )
 
 func TestArrivalsAreTheSameWorkloadForEveryPolicy(t *testing.T) {
@@ -394,35 +397,106 @@ func TestReadingExplainsOnlyTheScenariosThatRan(t *testing.T) {
 	}
 }
 
-// An attempt waits out the links the fabric does not delay: SkyServe's
-// from where it entered to its load balancer's region and on to the
-// gateway it picked, the oracle's straight to the pod's cluster.
-func TestDetourIsTheRoundTripsOnTheWay(t *testing.T) {
-	ms := time.Millisecond
-	links := map[[2]int]time.Duration{{0, 1}: 31 * ms, {0, 2}: 19 * ms, {1, 2}: 34 * ms}
-	rtt := func(a, b int) time.Duration { return links[[2]int{min(a, b), max(a, b)}] }
-	c := &loadClient{rtt: rtt}
+// recordedLinks names the hop in every address it reaches.
+type recordedLinks struct{}
+
+func (recordedLinks) reach(from, to int, url string) (string, error) {
+	return fmt.Sprintf("%s via %d-%d", url, from, to), nil
+}
+
+// passLinks reaches every address unchanged and records the hops asked.
+type passLinks struct{ asked [][2]int }
+
+func (l *passLinks) reach(from, to int, url string) (string, error) {
+	l.asked = append(l.asked, [2]int{from, to})
+	return url, nil
+}
+
+// An attempt reaches another cluster over the link between the two:
+// SkyServe's from where it entered to its load balancer's region and on to
+// the gateway it picked, the oracle's straight to the pod's cluster.
+func TestAttemptsCrossTheLinksOnTheirWay(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		entry        int
 		cluster, via int
-		want         time.Duration
+		wantURL      string
+		wantLB       string
 	}{
-		{name: "served where it entered", entry: 1, cluster: 1, via: -1, want: 0},
-		{name: "straight to another cluster", entry: 1, cluster: 2, via: -1, want: 34 * ms},
-		{name: "through a load balancer where it entered", entry: 0, cluster: 2, via: 0, want: 19 * ms},
-		{name: "to a load balancer elsewhere and back", entry: 1, cluster: 1, via: 0, want: 62 * ms},
-		{name: "to a load balancer elsewhere and on to a third cluster", entry: 2, cluster: 1, via: 0, want: 50 * ms},
-		{name: "to a load balancer elsewhere, served where it stands", entry: 1, cluster: 0, via: 0, want: 31 * ms},
+		{name: "served where it entered", entry: 1, cluster: 1, via: -1, wantURL: "gw"},
+		{name: "straight to another cluster", entry: 1, cluster: 2, via: -1, wantURL: "gw via 1-2"},
+		{name: "through a load balancer where it entered", entry: 0, cluster: 2, via: 0, wantURL: "gw via 0-2", wantLB: "lb"},
+		{name: "to a load balancer elsewhere and back", entry: 1, cluster: 1, via: 0, wantURL: "gw via 0-1", wantLB: "lb via 1-0"},
+		{name: "to a load balancer elsewhere and on to a third cluster", entry: 2, cluster: 1, via: 0, wantURL: "gw via 0-1", wantLB: "lb via 2-0"},
+		{name: "to a load balancer elsewhere, served where it stands", entry: 1, cluster: 0, via: 0, wantURL: "gw", wantLB: "lb via 1-0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := c.detour(tc.entry, target{Cluster: tc.cluster, via: tc.via}); got != tc.want {
-				t.Fatalf("detour = %v, want %v", got, tc.want)
+			c := &loadClient{links: recordedLinks{}}
+			tg := target{URL: "gw", Cluster: tc.cluster, via: tc.via}
+			if tc.via >= 0 {
+				tg.lb = "lb"
+			}
+			got, err := c.linked(tc.entry, tg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.URL != tc.wantURL || got.lb != tc.wantLB {
+				t.Fatalf("linked URL %q, load balancer %q; want %q, %q", got.URL, got.lb, tc.wantURL, tc.wantLB)
 			}
 		})
 	}
-	if got := (&loadClient{}).detour(1, target{Cluster: 2, via: 0}); got != 0 {
-		t.Fatalf("detour without links = %v, want 0", got)
+	got, err := (&loadClient{}).linked(1, target{URL: "gw", Cluster: 2, via: 0, lb: "lb"})
+	if err != nil || got.URL != "gw" || got.lb != "lb" {
+		t.Fatalf("without links: %+v, %v; want the URLs unchanged", got, err)
+	}
+}
+
+// The benchmark's own connections to another cluster pay the fabric's
+// link: a forward per address, made once, gone with close.
+func TestFabricLinksCarryConnectionsOverTheLink(t *testing.T) {
+	const rtt = 60 * time.Millisecond
+	m, err := wan.Parse([]byte("clusters: [a, b]\ndefault: {rtt: 60ms}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := wan.NewFabric(wan.FabricOptions{Matrix: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }))
+	defer srv.Close()
+	l := newFabricLinks(f, []string{"a", "b"})
+	u, err := l.reach(0, 1, srv.URL+"/v1/completions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(u, "/v1/completions") || strings.HasPrefix(u, srv.URL) {
+		t.Fatalf("reached %s as %s, want another address with the same path", srv.URL, u)
+	}
+	if again, _ := l.reach(0, 1, srv.URL+"/health"); !strings.HasPrefix(again, strings.TrimSuffix(u, "/v1/completions")) {
+		t.Fatalf("second address %s, want the first forward %s", again, u)
+	}
+	if _, err := l.reach(0, 2, srv.URL); err == nil {
+		t.Fatal("reached a cluster with no index, want an error")
+	}
+	cl := &http.Client{Transport: &http.Transport{}}
+	for i, floor := range []time.Duration{rtt, rtt} {
+		start := time.Now()
+		resp, err := cl.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if took := time.Since(start); took < floor {
+			t.Fatalf("request %d took %v, want at least the link's round trip %v", i, took, floor)
+		}
+	}
+	l.close()
+	if resp, err := cl.Get(u); err == nil {
+		resp.Body.Close()
+		t.Fatal("a request through a closed forward succeeded")
 	}
 }
 
@@ -451,18 +525,15 @@ func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lb.close()
-	var asked [][2]int
-	c := newLoadClient(1, 5*time.Second, nil, func(a, b int) time.Duration {
-		asked = append(asked, [2]int{a, b})
-		return time.Millisecond
-	})
+	links := &passLinks{}
+	c := newLoadClient(1, 5*time.Second, nil, links)
 	res := c.do(context.Background(), refusedRouter{url: url, lb: lb.url}, arrival{Entry: 1, Prefix: -1}, time.Now())
 	if res.ok() || res.Attempts != 3 {
 		t.Fatalf("result %+v, want 3 failed attempts", res)
 	}
 	want := [][2]int{{1, 0}, {0, 1}, {0, 1}, {0, 1}}
-	if !slices.Equal(asked, want) {
-		t.Fatalf("links waited out %v, want %v", asked, want)
+	if !slices.Equal(links.asked, want) {
+		t.Fatalf("links crossed %v, want %v", links.asked, want)
 	}
 }
 

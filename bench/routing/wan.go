@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,6 +47,65 @@ func wanOf(fl *fleet.Fleet) (*wanSetup, error) {
 		}
 	}
 	return w, nil
+}
+
+// fabricLinks carries the benchmark's own connections between clusters
+// over the fabric's links. The load client and SkyServe's load balancer
+// dial from 127.0.0.1, in no cluster, which the fabric passes straight
+// through; a client standing in one cluster reaches another's gateway or
+// pod over their link, with its jitter, bandwidth and handshake, as
+// fleetinfer's gateways do when they forward a crossing. So each address
+// reached from another cluster gets a fabric Forward from that cluster,
+// made on first use and kept until close.
+type fabricLinks struct {
+	fabric   *wan.Fabric
+	clusters []string
+
+	mu       sync.Mutex
+	forwards map[forwardKey]*wan.Server
+}
+
+type forwardKey struct {
+	from, to int
+	host     string
+}
+
+// newFabricLinks returns the links of fabric between clusters, named by
+// index.
+func newFabricLinks(fabric *wan.Fabric, clusters []string) *fabricLinks {
+	return &fabricLinks{fabric: fabric, clusters: clusters, forwards: map[forwardKey]*wan.Server{}}
+}
+
+func (l *fabricLinks) reach(from, to int, raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	if from < 0 || to < 0 || from >= len(l.clusters) || to >= len(l.clusters) {
+		return "", fmt.Errorf("no link from cluster %d to cluster %d", from, to)
+	}
+	k := forwardKey{from: from, to: to, host: u.Host}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.forwards[k]
+	if s == nil {
+		if s, err = l.fabric.Forward("127.0.0.1:0", l.clusters[from], l.clusters[to], u.Host); err != nil {
+			return "", err
+		}
+		l.forwards[k] = s
+	}
+	u.Host = s.Addr()
+	return u.String(), nil
+}
+
+// close stops every forward and the connections through them.
+func (l *fabricLinks) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, s := range l.forwards {
+		_ = s.Close()
+		delete(l.forwards, k)
+	}
 }
 
 // rtt is the current round trip between clusters a and b (0 for a cluster
