@@ -76,12 +76,13 @@ var errNoRoute = errors.New("no route")
 //
 // The client stands in the cluster the request enters. The fabric delays
 // connections by their source address, and the client's (127.0.0.1) is in
-// no cluster, so an attempt the router sends to another cluster goes there
-// over the link the links give it (linked): SkyServe's requests go to its
-// load balancer's region, pass its proxy (skyProxy) and go from there to
-// the gateway it picks; the oracle's go straight to the pod. Requests that
-// enter their own gateway (cluster-local GIE, fleetinfer) cross, if at
-// all, from gateway to gateway, which the fabric carries itself.
+// no cluster, so an attempt the router sends to another cluster reaches it
+// through c.links, over the link between the two clusters (linked):
+// SkyServe's requests go to its load balancer's region, pass its proxy
+// (skyProxy) and go from there to the gateway it picks; the oracle's go
+// straight to the pod. Requests that enter their own gateway
+// (cluster-local GIE, fleetinfer) cross, if at all, from gateway to
+// gateway, which the fabric carries itself.
 func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Time) (res result) {
 	res = result{At: a.At, Entry: a.Entry, Served: -1}
 	defer func() {
