@@ -317,7 +317,7 @@ func (g *Gateway) serveDirect(ctx context.Context, w *responseWriter, r *http.Re
 		return
 	}
 	defer resp.Body.Close()
-	g.passThrough(w, r, resp, b)
+	g.passThrough(w, r, resp, resp.Body, b)
 }
 
 // rewrite applies the backend's URLRewrite to a request target (path and
@@ -517,7 +517,7 @@ func (g *Gateway) respond(w *responseWriter, r *http.Request, resp *http.Respons
 		g.log.Error(err, "endpoint picker failed on the response; passing it through", "pool", b.pool.key.String())
 		rec.failOpen = true
 		g.metrics.failOpen.WithLabelValues(b.pool.key.String()).Inc()
-		g.passThrough(w, r, resp, b)
+		g.passThrough(w, r, resp, ex.Unprocessed(resp.Body), b)
 	case w.status == 0 && r.Context().Err() == nil:
 		g.log.Error(err, "endpoint picker failed on the response", "pool", b.pool.key.String())
 		g.reply(w, rec, http.StatusInternalServerError, "endpoint picker failed on the response: "+err.Error())
@@ -537,9 +537,9 @@ func hasBody(method string, resp *http.Response) bool {
 		resp.StatusCode != http.StatusNotModified && resp.ContentLength != 0
 }
 
-// passThrough copies an upstream response to the client, flushing every
-// read so that streamed responses stay streamed.
-func (g *Gateway) passThrough(w *responseWriter, r *http.Request, resp *http.Response, b *backend) {
+// passThrough copies an upstream response, whose body is read from body, to
+// the client, flushing every read so that streamed responses stay streamed.
+func (g *Gateway) passThrough(w *responseWriter, r *http.Request, resp *http.Response, body io.Reader, b *backend) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		h[k] = vs
@@ -552,7 +552,7 @@ func (g *Gateway) passThrough(w *responseWriter, r *http.Request, resp *http.Res
 	w.WriteHeader(resp.StatusCode)
 	buf := make([]byte, extproc.ResponseBodyChunkSize)
 	for {
-		n, err := resp.Body.Read(buf)
+		n, err := body.Read(buf)
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return

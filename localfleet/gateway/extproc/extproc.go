@@ -306,6 +306,8 @@ type Exchange struct {
 	recvDone sync.WaitGroup
 	subset   []string
 	pick     Pick
+	// pump sends the response body, from Respond on.
+	pump     *bodyPump
 	finished bool // an immediate response or the end of the response phase
 	ended    bool // the stream's end (EOF or an error) was received
 	// sendClosed: the processor ended the stream while the request was

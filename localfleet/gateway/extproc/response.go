@@ -1,12 +1,14 @@
 package extproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,16 +44,20 @@ type Sink struct {
 // message.
 const ResponseBodyChunkSize = 32 << 10
 
-// Respond runs the response phase: it sends the upstream's headers and waits
-// for their answer, hands the mutated status and headers to sink.Headers,
-// then streams the body to the processor while handing each released chunk
-// to sink.Body, until the processor ends the body (or answers the trailers).
+// Respond runs the response phase: it sends the upstream's headers and,
+// without waiting for their answer, starts sending the body as it arrives
+// (FULL_DUPLEX_STREAMED: Envoy holds no body chunk back while the headers are
+// with the processor), hands the mutated status and headers to sink.Headers
+// when their answer comes, then each chunk the processor releases to
+// sink.Body, until the processor ends the body (or answers the trailers).
+// So a model server that sends its headers with the first token costs one
+// wait for the processor before that token reaches the client, not two.
 //
 // An ImmediateResponse from the processor is returned as the error; if it
 // came before sink.Headers was called, the caller can still send it to the
 // client. After an error the caller must close resp.Body, which the body pump
-// may be blocked reading.
-func (e *Exchange) Respond(resp *Response, sink Sink) error {
+// may be blocked reading, or read what is left of it through Unprocessed.
+func (e *Exchange) Respond(resp *Response, sink Sink) (err error) {
 	if e.finished {
 		return errors.New("ext-proc: the exchange is already finished")
 	}
@@ -63,6 +69,17 @@ func (e *Exchange) Respond(resp *Response, sink Sink) error {
 		MetadataContext: md,
 	}); err != nil {
 		return err
+	}
+	if resp.Body != nil {
+		// Failing while the pump may still send: cancel the stream, so that
+		// it stops and Close does not half-close under it.
+		defer func() {
+			if err != nil {
+				e.cancel(err)
+			}
+		}()
+		e.pump = newBodyPump()
+		go e.pump.run(e, resp, md)
 	}
 	m, err := e.answer(e.opts.messageTimeout, nil)
 	if err != nil {
@@ -77,6 +94,9 @@ func (e *Exchange) Respond(resp *Response, sink Sink) error {
 	}
 	status, _ := h.get(":status")
 	code, _ := strconv.Atoi(status)
+	if resp.Body != nil {
+		e.pump.headersAnswered()
+	}
 	if err := sink.Headers(code, h.http()); err != nil {
 		return err
 	}
@@ -84,32 +104,27 @@ func (e *Exchange) Respond(resp *Response, sink Sink) error {
 		e.finished = true
 		return nil
 	}
-	return e.respondBody(resp, md, sink)
+	return e.respondBody(resp, sink)
 }
 
-// respondBody pumps the upstream body to the processor on its own goroutine
-// (FULL_DUPLEX_STREAMED sends without waiting for answers) while this one
-// hands the released chunks on. The processor may hold chunks back (GIE's EPP
-// buffers a non-streamed body to its end), so there is no timeout while the
-// upstream is still sending; once it is done the processor has the message
-// timeout to finish.
-func (e *Exchange) respondBody(resp *Response, md *corev3.Metadata, sink Sink) (err error) {
-	// Failing while the pump may still send: cancel the stream, so that it
-	// stops and Close does not half-close under it.
-	defer func() {
-		if err != nil {
-			e.cancel(err)
-		}
-	}()
-	pumped := make(chan struct{})
-	var sentTrailers atomic.Bool
-	go func() {
-		defer close(pumped)
-		if err := e.pump(resp, md, &sentTrailers); err != nil {
-			e.cancel(err)
-		}
-	}()
-	stop := (<-chan struct{})(pumped)
+// Unprocessed is what a gateway that lets a response go on without its
+// processor (failure_mode_allow) sends after Respond failed before calling
+// sink.Headers: the part of body the pump had taken, which the processor
+// never released, followed by the rest. It waits for the pump to stop.
+func (e *Exchange) Unprocessed(body io.Reader) io.Reader {
+	if e.pump == nil {
+		return body
+	}
+	<-e.pump.done
+	return io.MultiReader(bytes.NewReader(e.pump.taken), body)
+}
+
+// respondBody hands the released chunks on while the pump sends the body.
+// The processor may hold chunks back (GIE's EPP buffers a non-streamed body
+// to its end), so there is no timeout while the upstream is still sending;
+// once it is done the processor has the message timeout to finish.
+func (e *Exchange) respondBody(resp *Response, sink Sink) error {
+	stop := (<-chan struct{})(e.pump.done)
 	var timeout time.Duration
 	for {
 		m, err := e.answer(timeout, stop)
@@ -136,18 +151,18 @@ func (e *Exchange) respondBody(resp *Response, md *corev3.Metadata, sink Sink) (
 			}
 			// The body is over; with trailers sent, their answer ends it.
 			select {
-			case <-pumped:
+			case <-e.pump.done:
 			case <-e.ctx.Done():
 				return fmt.Errorf("ext-proc: %w", context.Cause(e.ctx))
 			}
-			if !sentTrailers.Load() {
+			if !e.pump.sentTrailers.Load() {
 				e.finished = true
 				return nil
 			}
 		case m.GetResponseTrailers() != nil:
 			// The pump may still be returning from sending the trailers;
 			// Close must not half-close under it.
-			<-pumped
+			<-e.pump.done
 			var t headers
 			t.fromHTTP(resp.Trailer)
 			if _, err := t.apply(responseHeaders, m.GetResponseTrailers().GetHeaderMutation()); err != nil {
@@ -166,18 +181,75 @@ func (e *Exchange) respondBody(resp *Response, md *corev3.Metadata, sink Sink) (
 	}
 }
 
-// pump sends the upstream body as it arrives, then its end: an empty
-// end_of_stream chunk, or the trailers, which end the stream instead.
-func (e *Exchange) pump(resp *Response, md *corev3.Metadata, sentTrailers *atomic.Bool) error {
+// maxTaken bounds what the pump reads of a body while the processor has not
+// answered its headers, as Envoy's buffer limit raises a watermark: past it
+// the pump waits for the answer before reading on.
+const maxTaken = 1 << 20
+
+// bodyPump sends the upstream body to the processor on its own goroutine.
+// Until the headers are answered it keeps a copy of what it sent, so that a
+// response that goes on without the processor loses none of it.
+type bodyPump struct {
+	done         chan struct{}
+	answered     chan struct{}
+	sentTrailers atomic.Bool
+
+	mu    sync.Mutex
+	keep  bool
+	taken []byte
+}
+
+func newBodyPump() *bodyPump {
+	return &bodyPump{done: make(chan struct{}), answered: make(chan struct{}), keep: true}
+}
+
+// headersAnswered drops the copy: from here the processor releases the body.
+func (p *bodyPump) headersAnswered() {
+	p.mu.Lock()
+	p.keep, p.taken = false, nil
+	p.mu.Unlock()
+	close(p.answered)
+}
+
+// take keeps a copy of a chunk read before the headers were answered, and
+// reports whether the pump may read on without waiting for that answer.
+func (p *bodyPump) take(b []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.keep {
+		return true
+	}
+	p.taken = append(p.taken, b...)
+	return len(p.taken) < maxTaken
+}
+
+func (p *bodyPump) run(e *Exchange, resp *Response, md *corev3.Metadata) {
+	defer close(p.done)
+	if err := p.send(e, resp, md); err != nil {
+		e.cancel(err)
+	}
+}
+
+// send sends the upstream body as it arrives, then its end: an empty
+// end_of_stream chunk, or the trailers, which end the stream instead. It
+// stops when the processor ended the stream or the exchange failed.
+func (p *bodyPump) send(e *Exchange, resp *Response, md *corev3.Metadata) error {
 	buf := make([]byte, ResponseBodyChunkSize)
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
+			if !p.take(buf[:n]) {
+				select {
+				case <-p.answered:
+				case <-e.ctx.Done():
+					return nil
+				}
+			}
 			// Send encodes the message before returning, so buf is free again.
 			if err := e.send(&extprocv3.ProcessingRequest{
 				Request:         &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: buf[:n]}},
 				MetadataContext: md,
-			}); err != nil {
+			}); err != nil || e.sendClosed || e.ctx.Err() != nil {
 				return err
 			}
 		}
@@ -196,7 +268,7 @@ func (e *Exchange) pump(resp *Response, md *corev3.Metadata, sentTrailers *atomi
 			MetadataContext: md,
 		})
 	}
-	sentTrailers.Store(true)
+	p.sentTrailers.Store(true)
 	return e.send(&extprocv3.ProcessingRequest{
 		Request:         &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{Trailers: t.proto()}},
 		MetadataContext: md,
