@@ -288,10 +288,11 @@ const crossingBurst = 24
 // connections across the links open: fleetinfer's gateways' to the other
 // gateways, SkyServe's clients' to its load balancer and the load
 // balancer's to the gateways, the oracle's to the pods. Between this
-// benchmark's runs of one policy the others run for a minute and more,
-// long enough for a gateway to drop the other gateways' hosts as Envoy's
-// ORIGINAL_DST cluster does (5 s unused). Without the burst a run would
-// pay connections' handshakes over the links on its first crossings.
+// benchmark's runs of one policy the others run for minutes, long enough
+// for a gateway to drop the other gateways' hosts as the ORIGINAL_DST
+// cluster of deploy/envoy/envoy.yaml does (2 minutes unused). Without the
+// burst a run would pay connections' handshakes over the links on its
+// first crossings.
 func (d *deployment) warmLinks(ctx context.Context, r router, c *loadClient) ([]int, error) {
 	crossed := make([]int, len(d.fl.Spokes))
 	for i := range d.fl.Spokes {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fleetinfer/fleetinfer/deploy/envoy"
+	"github.com/fleetinfer/fleetinfer/epp/spill"
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway"
 	"github.com/fleetinfer/fleetinfer/localfleet/gateway/extproc"
 	"github.com/fleetinfer/fleetinfer/spoke/presets"
@@ -276,6 +278,12 @@ func checkProtocol(bs *bootstrapv3.Bootstrap, failOpen bool) error {
 			case c.GetConnectTimeout().AsDuration() != gateway.DefaultConnectTimeout:
 				fail("cluster %q connect_timeout %v differs from the local gateway's gateway.DefaultConnectTimeout %v", c.GetName(),
 					c.GetConnectTimeout().AsDuration(), gateway.DefaultConnectTimeout)
+			case c.GetCleanupInterval().AsDuration() != gateway.OriginalDstCleanup:
+				fail("cluster %q cleanup_interval %v differs from the local gateway's gateway.OriginalDstCleanup %v", c.GetName(),
+					c.GetCleanupInterval().AsDuration(), gateway.OriginalDstCleanup)
+			case c.GetCleanupInterval().AsDuration() != time.Duration(spill.DefaultParams.DestinationIdleTimeout):
+				fail("cluster %q cleanup_interval %v differs from the spill estimate's default destinationIdleTimeout %v", c.GetName(),
+					c.GetCleanupInterval().AsDuration(), time.Duration(spill.DefaultParams.DestinationIdleTimeout))
 			}
 		}
 	}
@@ -319,6 +327,7 @@ func TestBrokenBootstrapsFail(t *testing.T) {
 		{"retries", "\n                  timeout: 0s", "\n                  timeout: 0s\n                  retry_policy: {retry_on: connect-failure, num_retries: 2}", "retries"},
 		{"idle timeout", "stream_idle_timeout: 300s", "stream_idle_timeout: 10s", "DefaultStreamIdleTimeout"},
 		{"connect timeout", "before its 503.\n    connect_timeout: 2s", "before its 503.\n    connect_timeout: 5s", "DefaultConnectTimeout"},
+		{"Envoy's cleanup interval", "cleanup_interval: 120s", "cleanup_interval: 5s", "OriginalDstCleanup"},
 		{"failure mode", "failure_mode_allow: true", "failure_mode_allow: false", "failure_mode_allow"},
 		{"message timeout", "message_timeout: 10s", "message_timeout: 1000s", "DefaultMessageTimeout"},
 		{"client header kept", "- remove: x-gateway-destination-endpoint\n", "", "not removed"},

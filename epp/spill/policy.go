@@ -120,7 +120,8 @@ type Params struct {
 	// DestinationIdleTimeout is how long after this picker's last crossing
 	// to a destination the gateway is taken to keep its connections there:
 	// Envoy drops an ORIGINAL_DST host, and closes its connections, once it
-	// saw no request for a cleanup_interval (5 s by default). A gateway
+	// saw no request for a cleanup_interval (5 s by default; 2 minutes in
+	// deploy/envoy/envoy.yaml, whose value the default here follows). A gateway
 	// that kept them longer costs only crossings not taken; one that kept
 	// them shorter, a handshake the estimate left out. A crossing sent by
 	// another replica of this picker also keeps them open, which this one
@@ -145,7 +146,7 @@ var DefaultParams = Params{
 	RemoteMetricsStalenessThreshold: Duration(time.Second),
 	MaxRemoteCandidates:             16,
 	ConnectRoundTrips:               1,
-	DestinationIdleTimeout:          Duration(5 * time.Second),
+	DestinationIdleTimeout:          Duration(2 * time.Minute),
 }
 
 // MaxDestinationIdleTimeout bounds DestinationIdleTimeout: the meter

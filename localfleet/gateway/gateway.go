@@ -303,7 +303,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 	sweeps := make(chan struct{})
 	go func() {
 		defer close(sweeps)
-		g.dst.run(runCtx, originalDstCleanup)
+		g.dst.run(runCtx, OriginalDstCleanup)
 	}()
 	go func() {
 		defer close(g.done)

@@ -9,10 +9,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// originalDstCleanup is how often the hosts of the pickers' destinations
-// that saw no request are dropped: Envoy's ORIGINAL_DST cleanup_interval
-// default, which deploy/envoy/envoy.yaml's inference_pool cluster keeps.
-const originalDstCleanup = 5 * time.Second
+// OriginalDstCleanup is how often the hosts of the pickers' destinations
+// that saw no request are dropped: the cleanup_interval of
+// deploy/envoy/envoy.yaml's inference_pool cluster (Envoy's default is 5 s;
+// the file says why it keeps them longer).
+const OriginalDstCleanup = 2 * time.Minute
 
 // originalDst holds the connection pools of the destinations pickers
 // choose, as Envoy's ORIGINAL_DST cluster holds them: a host, with its own
