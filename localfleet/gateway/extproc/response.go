@@ -110,13 +110,28 @@ func (e *Exchange) Respond(resp *Response, sink Sink) (err error) {
 // Unprocessed is what a gateway that lets a response go on without its
 // processor (failure_mode_allow) sends after Respond failed before calling
 // sink.Headers: the part of body the pump had taken, which the processor
-// never released, followed by the rest. It waits for the pump to stop.
+// never released, followed by the rest. Its first read waits for the pump to
+// stop, which may be reading body for its next chunk; the headers need not
+// wait for that.
 func (e *Exchange) Unprocessed(body io.Reader) io.Reader {
 	if e.pump == nil {
 		return body
 	}
-	<-e.pump.done
-	return io.MultiReader(bytes.NewReader(e.pump.taken), body)
+	return &unprocessed{pump: e.pump, rest: body}
+}
+
+type unprocessed struct {
+	pump *bodyPump
+	rest io.Reader
+	r    io.Reader
+}
+
+func (u *unprocessed) Read(b []byte) (int, error) {
+	if u.r == nil {
+		<-u.pump.done
+		u.r = io.MultiReader(bytes.NewReader(u.pump.taken), u.rest)
+	}
+	return u.r.Read(b)
 }
 
 // respondBody hands the released chunks on while the pump sends the body.

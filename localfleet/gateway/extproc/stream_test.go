@@ -198,7 +198,9 @@ func TestResponseBodyIsSentBeforeTheHeadersAreAnswered(t *testing.T) {
 }
 
 // A processor that fails after the pump took part of the body: what a
-// gateway failing open passes on is the whole body, that part included.
+// gateway failing open passes on is the whole body, that part included, and
+// getting it does not wait for the pump, which is blocked reading the next
+// chunk.
 func TestUnprocessedKeepsWhatThePumpTookBeforeTheProcessorFailed(t *testing.T) {
 	conn := serveProcessor(t, pipingProcessor{failAtBody: true})
 	ex, err := New(conn, WithMessageTimeout(5*time.Second)).Start(context.Background(), &Request{Path: "/v1/completions", Body: strings.NewReader(`{"model":"m"}`)})
@@ -207,21 +209,27 @@ func TestUnprocessedKeepsWhatThePumpTookBeforeTheProcessorFailed(t *testing.T) {
 	}
 	defer ex.Close()
 	pr, pw := io.Pipe()
-	go func() {
-		_, _ = pw.Write([]byte("first chunk;"))
-		time.Sleep(50 * time.Millisecond)
-		_, _ = pw.Write([]byte("second chunk"))
-		_ = pw.Close()
-	}()
-	resp := &Response{Status: http.StatusOK, Body: pr}
-	err = ex.Respond(resp, Sink{
+	go func() { _, _ = pw.Write([]byte("first chunk;")) }()
+	err = ex.Respond(&Response{Status: http.StatusOK, Body: pr}, Sink{
 		Headers: func(int, http.Header) error { t.Error("headers released by a processor that failed"); return nil },
 		Body:    func([]byte) error { return nil },
 	})
 	if err == nil {
 		t.Fatal("Respond succeeded with a processor that failed")
 	}
-	all, err := io.ReadAll(ex.Unprocessed(pr))
+	got := make(chan io.Reader, 1)
+	go func() { got <- ex.Unprocessed(pr) }()
+	var rest io.Reader
+	select {
+	case rest = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Unprocessed waited for the upstream's next chunk")
+	}
+	go func() {
+		_, _ = pw.Write([]byte("second chunk"))
+		_ = pw.Close()
+	}()
+	all, err := io.ReadAll(rest)
 	if err != nil || string(all) != "first chunk;second chunk" {
 		t.Errorf("unprocessed body %q (err %v), want both chunks", all, err)
 	}
