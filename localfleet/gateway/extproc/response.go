@@ -209,20 +209,19 @@ type bodyPump struct {
 	answered     chan struct{}
 	sentTrailers atomic.Bool
 
-	mu    sync.Mutex
-	keep  bool
+	mu    sync.Mutex // guards taken, and the close of answered against take
 	taken []byte
 }
 
 func newBodyPump() *bodyPump {
-	return &bodyPump{done: make(chan struct{}), answered: make(chan struct{}), keep: true}
+	return &bodyPump{done: make(chan struct{}), answered: make(chan struct{})}
 }
 
 // headersAnswered drops the copy: from here the processor releases the body.
 func (p *bodyPump) headersAnswered() {
 	p.mu.Lock()
-	p.keep, p.taken = false, nil
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	p.taken = nil
 	close(p.answered)
 }
 
@@ -231,8 +230,10 @@ func (p *bodyPump) headersAnswered() {
 func (p *bodyPump) take(b []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.keep {
+	select {
+	case <-p.answered:
 		return true
+	default:
 	}
 	p.taken = append(p.taken, b...)
 	return len(p.taken) < maxTaken
