@@ -231,7 +231,7 @@ func run(ctx context.Context, c config) error {
 	if err := lowerControlPlanes(stock); err != nil {
 		return err
 	}
-	lb, err := startSkyProxy()
+	lb, err := startSkyProxy(httpxLimits.keepaliveExpiry)
 	if err != nil {
 		return err
 	}
@@ -245,7 +245,7 @@ func run(ctx context.Context, c config) error {
 		}
 		fmt.Printf("scenario %s (at %s)\n", sc.Name, time.Since(began).Round(time.Second))
 		res.Scenarios = append(res.Scenarios, sc)
-		if err := runScenario(ctx, c, fl, lb.url, si, sc, res); err != nil {
+		if err := runScenario(ctx, c, fl, lb, si, sc, res); err != nil {
 			return fmt.Errorf("%s: %w", sc.Name, err)
 		}
 		// The results so far, so that a run cut short leaves the
@@ -259,8 +259,8 @@ func run(ctx context.Context, c config) error {
 
 // runScenario runs every policy on the scenario's arrivals, on one
 // deployment, or on a fresh one per run when the scenario destroys a
-// cluster; lb is the URL of SkyServe's load balancer proxy.
-func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si int, sc scenario, res *results) error {
+// cluster; lb is SkyServe's load balancer proxy.
+func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb *skyProxy, si int, sc scenario, res *results) error {
 	if net := fl.PodNetwork(); sc.podNetwork() != net {
 		if err := fl.SetPodNetwork(ctx, sc.podNetwork()); err != nil {
 			return err
@@ -292,7 +292,7 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si i
 			if err := d.usePool(ctx, poolOf(pol), c.maxTokens); err != nil {
 				return err
 			}
-			r := newRouter(pol, sc, d, lb, uint64(rep))
+			r := newRouter(pol, sc, d, lb.url, uint64(rep))
 			arrivals := sc.arrivals(c.duration, uint64(1000*si+rep), pol)
 			if sc.PrefixHome {
 				if err := d.warmPrefixes(ctx, sc, pol, r); err != nil {
@@ -338,9 +338,10 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si i
 			} else {
 				close(midDone)
 			}
-			began, cpu := time.Now(), startCPUMeter(c.stock)
+			began, cpu, lbOpened := time.Now(), startCPUMeter(c.stock), lb.opened.Load()
 			out := cl.runLoad(runCtx, r, arrivals, c.maxInFlight, start)
 			used := cpu.use()
+			lbOpened = lb.opened.Load() - lbOpened
 			cancel()
 			<-midDone
 			if err := errors.Join(midErr, restore()); err != nil {
@@ -352,6 +353,10 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb string, si i
 			}
 			run := newRun(sc, pol, rep, out, c.duration, c.slo, time.Since(began))
 			run.CPU = used
+			if sky != nil {
+				n := int(lbOpened)
+				run.LBConnectionsOpened = &n
+			}
 			if c.requests {
 				if err := writeRequests(filepath.Join(c.out, fmt.Sprintf("requests-%s-%s-%d.jsonl", sc.Name, pol, rep)), out); err != nil {
 					return err

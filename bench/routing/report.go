@@ -84,6 +84,10 @@ type runResult struct {
 	// (fleetinfer_gateway_upstream_connections_total); fleetinfer only.
 	// A crossing that opens one pays an extra round trip over its link.
 	ConnectionsOpened *int `json:"gateway_connections_opened,omitempty"`
+	// LBConnectionsOpened is how many connections SkyServe's load balancer
+	// opened to the gateways during the run (skyProxy); SkyServe's
+	// policies only. Like ConnectionsOpened, each crossed a link.
+	LBConnectionsOpened *int `json:"load_balancer_connections_opened,omitempty"`
 	// Served counts completed requests per serving cluster.
 	Served   []int          `json:"served_per_cluster"`
 	ErrKinds map[string]int `json:"errors_by_kind,omitempty"`
@@ -269,9 +273,11 @@ type summary struct {
 	// of the runs' (absent for policies other than fleetinfer).
 	ForwardedTwice int      `json:"forwarded_twice"`
 	RemoteAgeP99Ms *float64 `json:"remote_age_p99_ms,omitempty"`
-	// FederationKiBps and ConnectionsOpened are the medians of the runs'.
-	FederationKiBps   *float64 `json:"federation_kib_per_s_per_peer,omitempty"`
-	ConnectionsOpened *float64 `json:"gateway_connections_opened,omitempty"`
+	// FederationKiBps, ConnectionsOpened and LBConnectionsOpened are the
+	// medians of the runs'.
+	FederationKiBps     *float64 `json:"federation_kib_per_s_per_peer,omitempty"`
+	ConnectionsOpened   *float64 `json:"gateway_connections_opened,omitempty"`
+	LBConnectionsOpened *float64 `json:"load_balancer_connections_opened,omitempty"`
 	// Local and Across hold the medians of the runs' p50 and p99 (of runs
 	// with such requests) and the requests of all runs.
 	Local  split `json:"served_where_entered"`
@@ -306,7 +312,7 @@ func (r *results) summarize() {
 		groups[k] = append(groups[k], run)
 	}
 	for _, k := range order {
-		var p50s, p99s, tp, gp, slo, cross, hit, errs, load, lag, age, fed, opened []float64
+		var p50s, p99s, tp, gp, slo, cross, hit, errs, load, lag, age, fed, opened, lbOpened []float64
 		twice := 0
 		for _, run := range groups[k] {
 			p50s, p99s = append(p50s, run.P50Ms), append(p99s, run.P99Ms)
@@ -324,6 +330,9 @@ func (r *results) summarize() {
 			if run.ConnectionsOpened != nil {
 				opened = append(opened, float64(*run.ConnectionsOpened))
 			}
+			if run.LBConnectionsOpened != nil {
+				lbOpened = append(lbOpened, float64(*run.LBConnectionsOpened))
+			}
 		}
 		s := summary{Scenario: k.sc, Policy: k.pol, P50Ms: stats.Median(p50s), P99Ms: stats.Median(p99s), Throughput: stats.Median(tp),
 			Goodput: stats.Median(gp), WithinSLO: stats.Median(slo), CrossShare: stats.Median(cross), CacheHit: stats.Median(hit), ErrorShare: stats.Median(errs),
@@ -339,6 +348,10 @@ func (r *results) summarize() {
 		if len(opened) > 0 {
 			m := stats.Median(opened)
 			s.ConnectionsOpened = &m
+		}
+		if len(lbOpened) > 0 {
+			m := stats.Median(lbOpened)
+			s.LBConnectionsOpened = &m
 		}
 		if len(fed) > 0 {
 			m := stats.Median(fed)
@@ -666,16 +679,24 @@ func (r *results) splitTable() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", m.Scenario, m.Policy, cell(m.Local), cell(m.Across))
 	}
 	b.WriteString("\n")
-	var opened []string
+	var opened, lbOpened []string
 	for _, m := range r.Summary {
 		if m.ConnectionsOpened != nil {
 			opened = append(opened, fmt.Sprintf("%s %.0f", m.Scenario, *m.ConnectionsOpened))
+		}
+		if m.LBConnectionsOpened != nil {
+			lbOpened = append(lbOpened, fmt.Sprintf("%s %s %.0f", m.Scenario, m.Policy, *m.LBConnectionsOpened))
 		}
 	}
 	if len(opened) > 0 {
 		fmt.Fprintf(&b, "Connections fleetinfer's gateways opened to the pickers' destinations (local pods, other clusters' gateways) during a run, "+
 			"the median over the runs (`fleetinfer_gateway_upstream_connections_total{upstream=\"picked\"}`; a crossing that opens one pays its link's "+
 			"round trip once more): %s.\n\n", strings.Join(opened, ", "))
+	}
+	if len(lbOpened) > 0 {
+		fmt.Fprintf(&b, "Connections SkyServe's load balancer opened to the gateways during a run, the median over the runs (it closes one idle for "+
+			"%s, httpx's keepalive_expiry, and keeps at most %d idle per gateway; each crosses a link from east but to east's own gateway): %s.\n\n",
+			httpxLimits.keepaliveExpiry, httpxLimits.maxIdle, strings.Join(lbOpened, ", "))
 	}
 	return b.String()
 }
@@ -793,7 +814,9 @@ const skyServeNote = "SkyServe, as read in skypilot-org/skypilot `sky/serve/load
 	"(the serve controller's; here %s's, where most of the hot scenarios' requests enter), so a request entering elsewhere travels there and back on top of any " +
 	"link from there to the gateway picked. It is an HTTP proxy (a FastAPI app forwarding with httpx and streaming the response back): every request and every " +
 	"streamed chunk passes it on top of the gateway and picker of the cluster picked. Here that pass is a Go reverse proxy in the benchmark's process, which " +
-	"costs less CPU than SkyServe's Python one: a lower bound of it. SkyServe's `external_load_balancers` (one per region behind geo DNS) would spare that trip, each balancing by its own " +
+	"costs less CPU than SkyServe's Python one: a lower bound of it. Its connections to the gateways are kept as SkyServe's are: the load balancer holds an " +
+	"`httpx.AsyncClient(base_url=replica_url)` per replica, with httpx's default limits (100 connections, 20 kept idle, an idle one closed after 5 s), so a " +
+	"connection opened after a quiet 5 s pays a handshake over the link, as one of fleetinfer's gateways does after 2 minutes. SkyServe's `external_load_balancers` (one per region behind geo DNS) would spare that trip, each balancing by its own " +
 	"count of what it sent, blind to the others'; the single load balancer, SkyServe's default, is what runs here. `LeastLoadPolicy` keeps `load_map`, " +
 	"the requests in flight per replica as the load balancer counts them itself (`pre_execute_hook` +1 on dispatch, `post_execute_hook` −1 when the proxied stream ends), " +
 	"and picks `min(ready_replicas, key=load)`; the ready replicas come from the controller every `LB_CONTROLLER_SYNC_INTERVAL_SECONDS` = 20 s; a request is tried up to " +

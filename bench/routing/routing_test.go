@@ -520,7 +520,7 @@ func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
 	}
 	url := "http://" + ln.Addr().String()
 	_ = ln.Close()
-	lb, err := startSkyProxy()
+	lb, err := startSkyProxy(httpxLimits.keepaliveExpiry)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -554,7 +554,7 @@ func TestSkyServesRequestsPassItsProxyAndStreamThrough(t *testing.T) {
 		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n")
 	}))
 	defer gw.Close()
-	lb, err := startSkyProxy()
+	lb, err := startSkyProxy(httpxLimits.keepaliveExpiry)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -610,6 +610,48 @@ func TestTheClientReusesItsConnectionAfterAStream(t *testing.T) {
 	}
 	if n := conns.Load(); n != 1 {
 		t.Fatalf("3 requests in turn opened %d connections, want 1", n)
+	}
+}
+
+// SkyServe's load balancer keeps a connection to a gateway only as long as
+// httpx does: reused while busy, closed once idle for its keepalive expiry,
+// so the next request opens (and counts) another.
+func TestTheLoadBalancerReopensAConnectionLeftIdlePastItsExpiry(t *testing.T) {
+	var conns atomic.Int32
+	gw := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	gw.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	gw.Start()
+	defer gw.Close()
+	const expiry = 300 * time.Millisecond
+	lb, err := startSkyProxy(expiry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.close()
+	c := newLoadClient(1, 5*time.Second, nil, nil)
+	send := func() {
+		t.Helper()
+		var res result
+		if _, err := c.attempt(context.Background(), target{URL: gw.URL, pod: -1, via: -1, lb: lb.url}, []byte(`{}`), time.Now(), &res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send()
+	send()
+	if n, opened := conns.Load(), lb.opened.Load(); n != 1 || opened != 1 {
+		t.Fatalf("2 requests in turn: the gateway saw %d connections, the load balancer counted %d; want 1 and 1", n, opened)
+	}
+	time.Sleep(3 * expiry)
+	send()
+	if n, opened := conns.Load(), lb.opened.Load(); n != 2 || opened != 2 {
+		t.Fatalf("a request after %v idle: the gateway saw %d connections, the load balancer counted %d; want 2 and 2", 3*expiry, n, opened)
 	}
 }
 

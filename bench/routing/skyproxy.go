@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,11 +24,26 @@ import (
 //
 // A Go reverse proxy in the benchmark's process passes a request for less
 // CPU than SkyServe's Python one: what the pass costs here is a lower bound
-// of what it costs SkyServe.
+// of what it costs SkyServe. Its connections to the gateways are kept as
+// SkyServe's are (httpxLimits), no longer.
 type skyProxy struct {
 	url string
 	srv *http.Server
+	// opened counts the connections dialed to the gateways.
+	opened atomic.Int64
 }
+
+// httpxLimits are the connection limits of SkyServe's load balancer: it
+// holds one httpx.AsyncClient per ready replica, made with only its
+// base_url (sky/serve/load_balancer.py, _sync_with_controller), so each
+// has httpx's default Limits: at most 100 connections, 20 kept idle, and
+// an idle one closed after 5 s (keepalive_expiry). A replica here is a
+// cluster's gateway, across a link from the load balancer's region, so a
+// connection opened after a quiet 5 s pays a handshake over the link.
+var httpxLimits = struct {
+	maxConns, maxIdle int
+	keepaliveExpiry   time.Duration
+}{maxConns: 100, maxIdle: 20, keepaliveExpiry: 5 * time.Second}
 
 const (
 	// upstreamHeader names the gateway the load balancer's policy picked.
@@ -37,12 +54,15 @@ const (
 	connectErrorHeader = "X-Bench-Sky-Connect-Error"
 )
 
-// startSkyProxy starts the proxy on a loopback port.
-func startSkyProxy() (*skyProxy, error) {
+// startSkyProxy starts the proxy on a loopback port; it closes a connection
+// to a gateway once idle for keepaliveExpiry.
+func startSkyProxy(keepaliveExpiry time.Duration) (*skyProxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
+	p := &skyProxy{url: "http://" + ln.Addr().String()}
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// The server's handler has checked the header before.
@@ -51,8 +71,15 @@ func startSkyProxy() (*skyProxy, error) {
 			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Del(upstreamHeader)
 		},
-		Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true,
-			IdleConnTimeout: 30 * time.Second},
+		Transport: &http.Transport{MaxConnsPerHost: httpxLimits.maxConns, MaxIdleConnsPerHost: httpxLimits.maxIdle,
+			IdleConnTimeout: keepaliveExpiry, DisableCompression: true,
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := dialer.DialContext(ctx, network, addr)
+				if err == nil {
+					p.opened.Add(1)
+				}
+				return c, err
+			}},
 		// Server-sent events pass chunk by chunk.
 		FlushInterval: -1,
 		// A stream cut short (a cluster lost mid-response) is the client's
@@ -64,7 +91,6 @@ func startSkyProxy() (*skyProxy, error) {
 			http.Error(w, "load balancer: "+err.Error(), http.StatusBadGateway)
 		},
 	}
-	p := &skyProxy{url: "http://" + ln.Addr().String()}
 	p.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u, err := url.Parse(r.Header.Get(upstreamHeader))
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
