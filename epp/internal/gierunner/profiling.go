@@ -1,8 +1,10 @@
 package gierunner
 
 import (
+	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"runtime"
 
 	"github.com/spf13/pflag"
@@ -31,16 +33,38 @@ func addProfilingFlags(fs *pflag.FlagSet, contention *bool) {
 // serves every named profile (/debug/pprof/heap, allocs, goroutine, block,
 // mutex, threadcreate), the CPU profile, the execution trace, and the
 // symbol lookup of `go tool pprof`. Not the command line: it holds the
-// EndpointPickerConfig (--config-text) and file paths, and the endpoints
-// are open to whoever reaches the metrics port when its authentication is
-// off, as in KServe's scheduler preset.
-func pprofHandlers() map[string]http.Handler {
-	return map[string]http.Handler{
+// EndpointPickerConfig (--config-text) and file paths.
+//
+// unauthenticated says the metrics port they are served on checks no
+// caller (--metrics-endpoint-auth=false, as in KServe's scheduler preset):
+// they then answer only callers on the pod's loopback, which is where
+// `kubectl port-forward` connects from, so that any pod that reaches the
+// port cannot run 30-second CPU profiles and traces of the picker at will.
+func pprofHandlers(unauthenticated bool) map[string]http.Handler {
+	hs := map[string]http.Handler{
 		"/debug/pprof/":        http.HandlerFunc(pprof.Index),
 		"/debug/pprof/profile": http.HandlerFunc(pprof.Profile),
 		"/debug/pprof/symbol":  http.HandlerFunc(pprof.Symbol),
 		"/debug/pprof/trace":   http.HandlerFunc(pprof.Trace),
 	}
+	if unauthenticated {
+		for path, h := range hs {
+			hs[path] = loopbackOnly(h)
+		}
+	}
+	return hs
+}
+
+// loopbackOnly answers 403 to callers whose address is not a loopback one.
+func loopbackOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if ip, perr := netip.ParseAddr(host); err != nil || perr != nil || !ip.Unmap().IsLoopback() {
+			http.Error(w, "profiling answers only loopback callers (kubectl port-forward) while --metrics-endpoint-auth is off", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // recordContention sets the block and mutex profiles to record every event

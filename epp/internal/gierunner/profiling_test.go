@@ -14,7 +14,7 @@ import (
 
 func TestPprofServesTheCPUProfileTraceAndNamedProfiles(t *testing.T) {
 	mux := http.NewServeMux()
-	for path, h := range pprofHandlers() {
+	for path, h := range pprofHandlers(false) {
 		mux.Handle(path, h)
 	}
 	srv := httptest.NewServer(mux)
@@ -58,6 +58,40 @@ func TestPprofServesTheCPUProfileTraceAndNamedProfiles(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound {
 		t.Errorf("the command line, which holds the picker's configuration, answered %d, want 404", resp.StatusCode)
+	}
+}
+
+func TestUnauthenticatedProfilingAnswersOnlyLoopbackCallers(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		unauthenticated bool
+		remote          string
+		want            int
+	}{
+		{"another pod, metrics port unauthenticated", true, "10.244.1.7:51234", http.StatusForbidden},
+		{"another pod over IPv6, unauthenticated", true, "[fd00::7]:51234", http.StatusForbidden},
+		{"port-forward, unauthenticated", true, "127.0.0.1:51234", http.StatusOK},
+		{"port-forward over IPv6, unauthenticated", true, "[::1]:51234", http.StatusOK},
+		{"IPv4-mapped loopback, unauthenticated", true, "[::ffff:127.0.0.1]:51234", http.StatusOK},
+		{"no address, unauthenticated", true, "", http.StatusForbidden},
+		// The metrics server's filter authenticates callers first.
+		{"another pod, metrics port authenticated", false, "10.244.1.7:51234", http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs := pprofHandlers(tc.unauthenticated)
+			for _, path := range []string{"/debug/pprof/", "/debug/pprof/symbol", "/debug/pprof/profile", "/debug/pprof/trace"} {
+				if tc.want == http.StatusOK && (path == "/debug/pprof/profile" || path == "/debug/pprof/trace") {
+					continue // they would run for a second; the index and symbol stand for them
+				}
+				req := httptest.NewRequest(http.MethodGet, path, nil)
+				req.RemoteAddr = tc.remote
+				rec := httptest.NewRecorder()
+				hs[path].ServeHTTP(rec, req)
+				if rec.Code != tc.want {
+					t.Errorf("%s from %q: %d %s, want %d", path, tc.remote, rec.Code, strings.TrimSpace(rec.Body.String()), tc.want)
+				}
+			}
+		})
 	}
 }
 

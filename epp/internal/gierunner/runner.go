@@ -235,10 +235,14 @@ func (r *Runner) setup(ctx context.Context, cfg *rest.Config) (ctrl.Manager, err
 	} else {
 		isLeader.Store(true)
 	}
-	// fleetinfer: the CPU profile and trace too, and contention recorded
-	// only on request (profiling.go).
+	// fleetinfer: the CPU profile and trace too, contention recorded only on
+	// request, and only loopback callers without authentication
+	// (profiling.go).
 	if opts.EnablePprof {
-		for path, h := range pprofHandlers() {
+		if !opts.MetricsEndpointAuth {
+			setupLog.Info("Profiling answers only loopback callers (kubectl port-forward): --metrics-endpoint-auth=false leaves the metrics port unauthenticated")
+		}
+		for path, h := range pprofHandlers(!opts.MetricsEndpointAuth) {
 			if err := mgr.AddMetricsServerExtraHandler(path, h); err != nil {
 				return nil, err
 			}
