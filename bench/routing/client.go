@@ -18,6 +18,8 @@ import (
 type result struct {
 	At    time.Duration `json:"at_ms"`
 	Entry int           `json:"entry"`
+	// Prefix is the index of the prompt's shared prefix, -1 for none.
+	Prefix int `json:"prefix"`
 	// Served is the cluster of the pod that answered, -1 when none did.
 	Served int `json:"served"`
 	// Pod is the simulator's name for the pod that answered
@@ -84,7 +86,7 @@ var errNoRoute = errors.New("no route")
 // (cluster-local GIE, fleetinfer) cross, if at all, from gateway to
 // gateway, which the fabric carries itself.
 func (c *loadClient) do(ctx context.Context, r router, a arrival, start time.Time) (res result) {
-	res = result{At: a.At, Entry: a.Entry, Served: -1}
+	res = result{At: a.At, Entry: a.Entry, Prefix: a.Prefix, Served: -1}
 	defer func() {
 		if res.Total == 0 {
 			res.Total = time.Since(start) - res.At

@@ -295,9 +295,11 @@ func runScenario(ctx context.Context, c config, fl *fleet.Fleet, lb *skyProxy, s
 			r := newRouter(pol, sc, d, lb.url, uint64(rep))
 			arrivals := sc.arrivals(c.duration, uint64(1000*si+rep), pol)
 			if sc.PrefixHome {
-				if err := d.warmPrefixes(ctx, sc, pol, r); err != nil {
+				both, err := d.warmPrefixes(ctx, sc, pol, r)
+				if err != nil {
 					return err
 				}
+				fmt.Printf("  %-12s prefixes cached on two pods of their home cluster: %d of %d\n", pol, both, sc.Prefixes)
 			}
 			cl := newLoadClient(c.maxTokens, 60*time.Second, d.podCluster, d.links)
 			runCtx, cancel := context.WithCancel(ctx)

@@ -857,7 +857,7 @@ func writeRequests(path string, out []result) error {
 	var b bytes.Buffer
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	for _, r := range out {
-		line, err := json.Marshal(map[string]any{"at_ms": ms(r.At), "entry": r.Entry, "served": r.Served, "pod": r.Pod,
+		line, err := json.Marshal(map[string]any{"at_ms": ms(r.At), "entry": r.Entry, "prefix": r.Prefix, "served": r.Served, "pod": r.Pod,
 			"ttft_ms": ms(r.TTFT), "total_ms": ms(r.Total), "tokens": r.Tokens, "prompt_tokens": r.PromptTokens,
 			"cached_tokens": r.CachedTokens, "attempts": r.Attempts, "err": r.Err, "send_lag_ms": ms(r.SendLag)})
 		if err != nil {

@@ -657,11 +657,11 @@ func TestTheLoadBalancerReopensAConnectionLeftIdlePastItsExpiry(t *testing.T) {
 
 func TestRequestsAreWrittenBeforeTheResultsDirectoryExists(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "not-yet", "requests-hot-cluster-fleetinfer-0.jsonl")
-	if err := writeRequests(path, []result{{Entry: 0, Served: 1, Pod: "west-a", TTFT: 80 * time.Millisecond}}); err != nil {
+	if err := writeRequests(path, []result{{Entry: 0, Prefix: 3, Served: 1, Pod: "west-a", TTFT: 80 * time.Millisecond}}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)
-	if err != nil || !strings.Contains(string(b), `"ttft_ms":80`) || !strings.Contains(string(b), `"pod":"west-a"`) {
+	if err != nil || !strings.Contains(string(b), `"ttft_ms":80`) || !strings.Contains(string(b), `"pod":"west-a"`) || !strings.Contains(string(b), `"prefix":3`) {
 		t.Fatalf("requests file: %q, %v", b, err)
 	}
 }

@@ -161,8 +161,10 @@ func (d *deployment) halfway(ctx context.Context, sc scenario, r router) func() 
 // in its home cluster, prefix p in cluster p mod 3, the way earlier traffic
 // there would have: two requests through the home gateway, picked by the
 // policy's own pickers, or, for the oracle, one straight to each of the
-// home cluster's pods, which the oracle records.
-func (d *deployment) warmPrefixes(ctx context.Context, sc scenario, pol string, r router) error {
+// home cluster's pods, which the oracle records. It returns how many
+// prefixes two pods hold: the pickers may send a prefix's two requests to
+// one pod.
+func (d *deployment) warmPrefixes(ctx context.Context, sc scenario, pol string, r router) (int, error) {
 	c := newLoadClient(1, 30*time.Second, d.podCluster, nil)
 	host := fedpool.Host(stockPool, d.ns)
 	if pol == "fleetinfer" {
@@ -171,6 +173,7 @@ func (d *deployment) warmPrefixes(ctx context.Context, sc scenario, pol string, 
 	type send struct {
 		url, host string
 		prompt    string
+		prefix    int
 	}
 	var sends []send
 	for p := range sc.Prefixes {
@@ -178,32 +181,42 @@ func (d *deployment) warmPrefixes(ctx context.Context, sc scenario, pol string, 
 		prefix := sc.prefix(pol, p)
 		if o, ok := r.(*oracle); ok {
 			for _, pod := range d.pool.Members[home].Pods {
-				sends = append(sends, send{url: "http://" + pod, prompt: prefix + "warm"})
+				sends = append(sends, send{url: "http://" + pod, prompt: prefix + "warm", prefix: p})
 			}
 			o.warm(home, p)
 			continue
 		}
 		for i := range 2 {
-			sends = append(sends, send{url: d.fl.Spokes[home].GatewayURL(), host: host, prompt: prefix + "warm " + strconv.Itoa(i)})
+			sends = append(sends, send{url: d.fl.Spokes[home].GatewayURL(), host: host, prompt: prefix + "warm " + strconv.Itoa(i), prefix: p})
 		}
 	}
-	errs := make([]string, len(sends))
+	out := make([]result, len(sends))
 	var wg sync.WaitGroup
 	for i, s := range sends {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res := c.do(ctx, &entryRouter{gws: gateways{s.url}, host: s.host}, arrival{Prompt: s.prompt, Prefix: -1}, time.Now())
-			errs[i] = res.Err
+			out[i] = c.do(ctx, &entryRouter{gws: gateways{s.url}, host: s.host}, arrival{Prompt: s.prompt, Prefix: s.prefix}, time.Now())
 		}()
 	}
 	wg.Wait()
-	for _, e := range errs {
-		if e != "" {
-			return fmt.Errorf("warming prefixes: %s", e)
+	pods := map[int]map[string]bool{}
+	for _, res := range out {
+		if res.Err != "" {
+			return 0, fmt.Errorf("warming prefixes: %s", res.Err)
+		}
+		if pods[res.Prefix] == nil {
+			pods[res.Prefix] = map[string]bool{}
+		}
+		pods[res.Prefix][res.Pod] = true
+	}
+	both := 0
+	for _, held := range pods {
+		if len(held) > 1 {
+			both++
 		}
 	}
-	return nil
+	return both, nil
 }
 
 // pickerCounts are what fleetinfer's pickers counted, per picker: their
