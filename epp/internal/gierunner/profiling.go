@@ -1,7 +1,6 @@
 package gierunner
 
 import (
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
@@ -58,8 +57,7 @@ func pprofHandlers(unauthenticated bool) map[string]http.Handler {
 // loopbackOnly answers 403 to callers whose address is not a loopback one.
 func loopbackOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host, _, err := net.SplitHostPort(r.RemoteAddr)
-		if ip, perr := netip.ParseAddr(host); err != nil || perr != nil || !ip.Unmap().IsLoopback() {
+		if ap, err := netip.ParseAddrPort(r.RemoteAddr); err != nil || !ap.Addr().Unmap().IsLoopback() {
 			http.Error(w, "profiling answers only loopback callers (kubectl port-forward) while --metrics-endpoint-auth is off", http.StatusForbidden)
 			return
 		}
