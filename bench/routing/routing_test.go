@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -512,14 +513,30 @@ func (refusedRouter) attempts() int             { return 3 }
 func (refusedRouter) backoff(int) time.Duration { return 0 }
 func (refusedRouter) lose(int)                  {}
 
-// A request reaches the load balancer once; its retries leave from there.
-func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// refusingAddr is a loopback address that refuses connections for the
+// test's length: a port bound but not listening. A port listened on and
+// closed would be free for any other process (tests run in parallel) to
+// listen on.
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := "http://" + ln.Addr().String()
-	_ = ln.Close()
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+}
+
+// A request reaches the load balancer once; its retries leave from there.
+func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
+	url := "http://" + refusingAddr(t)
 	lb, err := startSkyProxy(httpxLimits.keepaliveExpiry)
 	if err != nil {
 		t.Fatal(err)
@@ -652,6 +669,59 @@ func TestTheLoadBalancerReopensAConnectionLeftIdlePastItsExpiry(t *testing.T) {
 	send()
 	if n, opened := conns.Load(), lb.opened.Load(); n != 2 || opened != 2 {
 		t.Fatalf("a request after %v idle: the gateway saw %d connections, the load balancer counted %d; want 2 and 2", 3*expiry, n, opened)
+	}
+}
+
+// SkyServe's load balancer reads a request's whole body before it sends the
+// request on: the gateway sees no request while the body is still arriving.
+func TestTheLoadBalancerSendsARequestOnOnlyOnceItsBodyHasArrived(t *testing.T) {
+	const pause = 300 * time.Millisecond
+	type seen struct {
+		at   time.Time
+		body string
+		size int64
+	}
+	got := make(chan seen, 1)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		at := time.Now()
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{at: at, body: string(b), size: r.ContentLength}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer gw.Close()
+	lb, err := startSkyProxy(httpxLimits.keepaliveExpiry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.close()
+	// The body's second half leaves the client a pause after its first.
+	pr, pw := io.Pipe()
+	lastSent := make(chan time.Time, 1)
+	go func() {
+		_, _ = io.WriteString(pw, `{"prompt":`)
+		time.Sleep(pause)
+		lastSent <- time.Now()
+		_, _ = io.WriteString(pw, `"hello"}`)
+		_ = pw.Close()
+	}()
+	req, _ := http.NewRequest(http.MethodPost, lb.url+"/v1/completions", pr)
+	req.Header.Set(upstreamHeader, gw.URL)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %s, want 200", resp.Status)
+	}
+	s := <-got
+	if s.body != `{"prompt":"hello"}` || s.size != int64(len(s.body)) {
+		t.Fatalf("the gateway got body %q of length %d, want the whole body with its length", s.body, s.size)
+	}
+	if last := <-lastSent; s.at.Before(last) {
+		t.Fatalf("the gateway saw the request %v before the body's last part left the client", last.Sub(s.at))
 	}
 }
 

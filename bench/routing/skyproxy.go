@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log"
@@ -20,7 +21,13 @@ import (
 // picker of the cluster picked. The policy (skyServe.route) runs in the
 // load client, which names the replica picked in upstreamHeader; this
 // proxy forwards the request there, keeping its Host (the pool's route),
-// and flushes every chunk as it arrives.
+// and flushes every chunk as it arrives. Like SkyServe's (content=await
+// request.body() in _proxy_request_to), it reads the whole request body
+// before it sends the request on. Streaming it instead would race Go's
+// server, which reads out what is left of a request's body once the
+// response begins, against the transport still sending that body
+// upstream: the transport's read then fails, and it drops the upstream
+// connection mid-response.
 //
 // A Go reverse proxy in the benchmark's process passes a request for less
 // CPU than SkyServe's Python one: what the pass costs here is a lower bound
@@ -46,6 +53,9 @@ var httpxLimits = struct {
 }{maxConns: 100, maxIdle: 20, keepaliveExpiry: 5 * time.Second}
 
 const (
+	// maxRequestBody bounds a request's body, which the proxy holds whole:
+	// the benchmark's prompts are a few KiB.
+	maxRequestBody = 1 << 20
 	// upstreamHeader names the gateway the load balancer's policy picked.
 	upstreamHeader = "X-Bench-Sky-Upstream"
 	// connectErrorHeader marks an answer the proxy gave because the
@@ -97,6 +107,12 @@ func startSkyProxy(keepaliveExpiry time.Duration) (*skyProxy, error) {
 			http.Error(w, "load balancer: "+upstreamHeader+" must name an http(s) URL", http.StatusBadRequest)
 			return
 		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+		if err != nil {
+			http.Error(w, "load balancer: reading the request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(body)), int64(len(body)), nil
 		rp.ServeHTTP(w, r)
 	})}
 	// Serve returns when close closes the listener.
