@@ -73,7 +73,9 @@ import (
 type Params struct {
 	// CrossMargin is how much sooner a remote endpoint must be expected to
 	// answer than the best local one for a request to cross: the estimate's
-	// error, which a crossing should not be a gamble on.
+	// error, which a crossing should not be a gamble on. It is also how
+	// much later than the soonest remote candidate another may be expected
+	// and still be a candidate.
 	CrossMargin Duration `json:"crossMargin"`
 	// ServiceRate is a pod's requests per second with a full batch until
 	// one is measured.
@@ -203,10 +205,11 @@ func (p *Policy) HasRoom(ep Endpoint) bool {
 
 // Remote returns the remote endpoints that are a request's candidates
 // instead of the local ones, none when the request stays local: at most
-// MaxRemoteCandidates, those expected to answer soonest, each expected
-// sooner than the best local endpoint by CrossMargin and within the caps;
-// without local endpoints with fresh metrics, the remote endpoints expected
-// soonest whatever their load. The candidate lookup calls it, so that
+// MaxRemoteCandidates, those expected to answer soonest and no later than
+// CrossMargin after the soonest, each expected sooner than the best local
+// endpoint by CrossMargin and within the caps; without local endpoints
+// with fresh metrics, the remote endpoints expected soonest whatever their
+// load. The candidate lookup calls it, so that
 // remote endpoints enter GIE's scheduling cycle, which copies and scores
 // every candidate, only when they can be picked.
 //
@@ -318,7 +321,16 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			ranks++
 		}
 	}
-	// Those ranked but not among the soonest MaxRemoteCandidates.
+	// GIE's scorers choose among the candidates knowing neither the round
+	// trips nor the peers' prefix summaries: offer them only those the
+	// estimate cannot tell apart from the soonest, within CrossMargin of it,
+	// so that a pod one link further or without the prompt's prefix is not
+	// picked for its shorter queue.
+	if len(top) > 0 {
+		last := top[0].est + time.Duration(p.params.CrossMargin)
+		top = top[:sort.Search(len(top), func(i int) bool { return top[i].est > last })]
+	}
+	// Those ranked but not among the candidates.
 	weighed.Slower += ranks - len(top)
 	if len(top) == 0 {
 		return nil, weighed
@@ -345,7 +357,8 @@ type Estimate struct {
 	// cache at its cap; Stale had data older than the remote staleness
 	// threshold; Slower were within the caps but not expected sooner than
 	// the best local endpoint by the margin, or not among the
-	// MaxRemoteCandidates soonest. Endpoints left unread because their
+	// MaxRemoteCandidates soonest, or expected later than the soonest
+	// remote one by more than the margin. Endpoints left unread because their
 	// queue alone put them past the bar count as Slower, or as Queued when
 	// their queue is at the cap.
 	Queued, Stale, CacheFull, Slower int

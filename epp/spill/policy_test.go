@@ -204,8 +204,13 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "remote endpoints expected sooner, round trip included, soonest first",
 			local: []pod{{"l", 1, 2, fresh}}, // 300 ms
 			peers: []*federation.View{peer("w", 150*time.Millisecond, pod{"w", 0, 0, fresh}, pod{"w1", 1, 0, fresh}), // 150, 250
-				peer("e", 30*time.Millisecond, pod{"e", 0, 2, fresh}, pod{"e-slow", 3, 2, fresh})}, // 230, 530
-			want: "w,e,w1"},
+				peer("e", 140*time.Millisecond, pod{"e", 0, 0, fresh}, pod{"e-slow", 3, 2, fresh})}, // 140, 640
+			want: "e,w"},
+		{name: "but none later than the soonest by more than the margin, whose shorter queue GIE's scorers would prefer",
+			local: []pod{{"l", 1, 2, fresh}}, // 300 ms
+			peers: []*federation.View{peer("w", 160*time.Millisecond, pod{"w", 0, 0, fresh}), // 160
+				peer("e", 30*time.Millisecond, pod{"e", 0, 1, fresh})}, // 130
+			want: "e"},
 		{name: "a link slower than the local wait keeps the request", local: []pod{{"l", 0, 2, fresh}}, // 200 ms
 			peers: []*federation.View{peer("w", 190*time.Millisecond, pod{"w", 0, 0, fresh})}, want: ""},
 		{name: "without a margin the same link wins", edit: func(p *Params) { p.CrossMargin = 0 },
@@ -269,7 +274,7 @@ func TestRemoteAreThoseExpectedSoonerByTheMargin(t *testing.T) {
 		{name: "stale local metrics: the remote endpoints expected soonest, whatever their load",
 			local: []pod{{"l", 0, 0, time.Minute}}, peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh})}, want: "w-q9"},
 		{name: "no local endpoints: the same",
-			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh}, pod{"w-q7", 7, 0, fresh})}, want: "w-q7,w-q9"},
+			peers: []*federation.View{peer("w", 30*time.Millisecond, pod{"w-q9", 9, 0, fresh}, pod{"w-q7", 7, 0, fresh})}, want: "w-q7"},
 		{name: "no peers", local: []pod{{"l", 9, 4, fresh}}, want: ""},
 		{name: "a longer queue with fewer running still ranks by its estimate", edit: func(p *Params) { p.MaxRemoteCandidates = 1; p.QueueDepthThreshold = 5 },
 			local: []pod{{"l", 9, 4, fresh}},                                                                                    // 1.3 s
@@ -557,13 +562,13 @@ func TestRemoteCountsWhyRemoteEndpointsAreNoCandidates(t *testing.T) {
 		want          Estimate
 		candidates    int
 	}{
-		{name: "each cap, and one endpoint expected no sooner than the margin allows", maxCandidates: 16,
+		{name: "each cap, one endpoint expected no sooner than the margin allows, and one later than the soonest by more than the margin", maxCandidates: 16,
 			entries: []federation.Entry{
-				entry("idle", 0, 0, 0, 0), entry("running-3", 0, 3, 0, 0), entry("running-5", 0, 5, 0, 0),
+				entry("idle", 0, 0, 0, 0), entry("idle-too", 0, 0, 0, 0), entry("running-3", 0, 3, 0, 0), entry("running-5", 0, 5, 0, 0),
 				entry("older-than-the-threshold", 0, 0, 0, 2*time.Second), entry("stale-in-the-federation", 0, 0, 0, 20*time.Second),
 				entry("kv-cache-full", 0, 0, 0.9, 0), entry("queue-at-the-cap", 5, 0, 0, 0), entry("queue-past-the-cap", 6, 0, 0, 0),
 			},
-			want:       Estimate{Local: 500 * time.Millisecond, Remote: 30 * time.Millisecond, Read: 8, Queued: 2, Stale: 2, CacheFull: 1, Slower: 1},
+			want:       Estimate{Local: 500 * time.Millisecond, Remote: 30 * time.Millisecond, Read: 9, Queued: 2, Stale: 2, CacheFull: 1, Slower: 2},
 			candidates: 2},
 		{name: "beyond the soonest candidates, and left unread by their queue", maxCandidates: 1,
 			entries: []federation.Entry{
