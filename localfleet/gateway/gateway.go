@@ -97,6 +97,16 @@ const DefaultAdminPort = 15090
 // upstreamIdleTimeout is how long an idle upstream connection stays open.
 const upstreamIdleTimeout = time.Hour
 
+// downstreamIdleTimeout is how long an idle client connection stays open:
+// an hour, the default of Envoy's HTTP connection manager
+// (common_http_protocol_options.idle_timeout), which deploy/envoy does not
+// change. A Parent-mode crossing's upstream is another gateway's listener;
+// were that listener to close idle connections sooner than the crossing
+// gateway's pool lets them go, a request sent on one as it closes would
+// fail before any response (503), a race Envoy's equal defaults all but
+// avoid.
+const downstreamIdleTimeout = time.Hour
+
 // DefaultStreamIdleTimeout is deploy/envoy/envoy.yaml's stream_idle_timeout.
 // Envoy's ext_proc message timer does not run with FULL_DUPLEX_STREAMED
 // bodies, so this idle limit is what ends a wait for the endpoint picker.
@@ -455,7 +465,7 @@ func (g *Gateway) listen(listen func(string) (net.Listener, error), port int, h 
 	s := &server{addr: addr, done: make(chan struct{}), srv: &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       90 * time.Second,
+		IdleTimeout:       downstreamIdleTimeout,
 		ErrorLog:          log.New(logWriter{g.log}, "", 0),
 	}}
 	go func() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -107,5 +108,20 @@ func TestAFailedPickIsAnsweredAsEnvoyAnswersIt(t *testing.T) {
 				t.Errorf("fail-open count %v, want %v", got, tt.failed)
 			}
 		})
+	}
+}
+
+// A Parent-mode crossing's upstream is another gateway's listener: it keeps
+// an idle connection at least as long as the crossing gateway's pool does,
+// so that a request is never sent on a connection being closed under it.
+func TestAListenerKeepsIdleConnectionsAsLongAsAGatewaysPool(t *testing.T) {
+	g := &Gateway{opts: Options{Address: netip.MustParseAddr("127.0.0.1")}}
+	s, err := g.listen(listenTCP, 0, http.NotFoundHandler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.srv.Close() }()
+	if s.srv.IdleTimeout < upstreamIdleTimeout {
+		t.Fatalf("listener closes idle connections after %v, before the upstream pools' %v", s.srv.IdleTimeout, upstreamIdleTimeout)
 	}
 }
