@@ -69,7 +69,7 @@ func (r *results) summarize() {
 			"(every pod re-scraped each 50 ms, a tenth of them changing each time). 'headroom': local pods report empty queues; " +
 			"'saturated': they report 10 waiting requests, so fleetinfer's estimate (10 waiting behind 4 running: over a second at the default 10/s) sends requests to " +
 			"remote pods, expected sooner by far more than the margin (their round trip is the loopback's): its candidates are the 16 remote pods expected " +
-			fmt.Sprintf("soonest (maxRemoteCandidates, chosen from the %d in its federated view), where stock GIE scores all %d local pods. ", c.peers*c.perPeer, c.local) +
+			fmt.Sprintf("soonest (maxRemoteCandidates, chosen from the %d in its federated view; about a quarter of the remote pods have no queue, so the 16 are alike, within the margin of the soonest), where stock GIE scores all %d local pods. ", c.peers*c.perPeer, c.local) +
 			"fleetinfer runs its default configuration with prefillPerToken set, so every pick hashes its prompt into blocks, matches them " +
 			"against its record of the local pods and the summaries of remote ones, and records them (epp/prefixes)."}
 	type key struct{ epp, scenario, load string }
