@@ -209,9 +209,9 @@ func (p *Policy) HasRoom(ep Endpoint) bool {
 // CrossMargin after the soonest, each expected sooner than the best local
 // endpoint by CrossMargin and within the caps; without local endpoints
 // with fresh metrics, the remote endpoints expected soonest whatever their
-// load. The candidate lookup calls it, so that
-// remote endpoints enter GIE's scheduling cycle, which copies and scores
-// every candidate, only when they can be picked.
+// load. The candidate lookup calls it, so that remote endpoints enter GIE's
+// scheduling cycle, which copies and scores every candidate, only when
+// they can be picked.
 //
 // The remote endpoints are read only when some peer's round trip leaves
 // room to win against the best local estimate, and each peer's view is
@@ -358,9 +358,9 @@ type Estimate struct {
 	// threshold; Slower were within the caps but not expected sooner than
 	// the best local endpoint by the margin, or not among the
 	// MaxRemoteCandidates soonest, or expected later than the soonest
-	// remote one by more than the margin. Endpoints left unread because their
-	// queue alone put them past the bar count as Slower, or as Queued when
-	// their queue is at the cap.
+	// remote one by more than the margin. Endpoints left unread because
+	// their queue alone put them past the bar count as Slower, or as Queued
+	// when their queue is at the cap.
 	Queued, Stale, CacheFull, Slower int
 	// Unconnected counts the destinations (federation.NextHop: a Parent-mode
 	// peer's gateway, an Endpoint-mode pod within the caps) charged a new
