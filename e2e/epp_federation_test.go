@@ -224,8 +224,28 @@ func TestEPPFederation(t *testing.T) {
 	stop := load(east.Pods, 3, 90*time.Second)
 	defer stop()
 	seen := map[string]*extproc.Pick{}
-	t.Run("spill to remote clusters when local pods are saturated", func(t *testing.T) {
-		testutil.Eventually(t, 30*time.Second, "picks in both remote clusters", func(context.Context) error {
+	// A spilled request's candidates are the remote pods expected soonest,
+	// within the margin of the soonest: with both remote clusters idle that
+	// is the nearer one (or the one already connected to), and the other
+	// only once the first one's pods are busy too.
+	t.Run("spill to the remote cluster expected soonest when local pods are saturated, then to the other once that one is busy", func(t *testing.T) {
+		other := map[string]*fedCluster{"west": central, "central": west}
+		var first string
+		testutil.Eventually(t, 30*time.Second, "a pick in a remote cluster", func(context.Context) error {
+			p := pick(t, east, fedCompletion("spill"))
+			switch {
+			case slices.Contains(west.Pods, p.Primary()):
+				first, seen["west"] = "west", p
+			case p.Primary() == central.GatewayAddr():
+				first, seen["central"] = "central", p
+			default:
+				return fmt.Errorf("last pick %q, want a remote cluster's", p.Destination)
+			}
+			return nil
+		})
+		busy := load(clusters[first].Pods, 3, 60*time.Second)
+		defer busy()
+		testutil.Eventually(t, 30*time.Second, "a pick in the other remote cluster", func(context.Context) error {
 			p := pick(t, east, fedCompletion("spill"))
 			switch {
 			case slices.Contains(west.Pods, p.Primary()):
@@ -234,7 +254,7 @@ func TestEPPFederation(t *testing.T) {
 				seen["central"] = p
 			}
 			if len(seen) < 2 {
-				return fmt.Errorf("last pick %q; remote clusters picked so far: %d", p.Destination, len(seen))
+				return fmt.Errorf("last pick %q with %s busy, want %s's", p.Destination, first, other[first].Cluster.Name())
 			}
 			return nil
 		})
