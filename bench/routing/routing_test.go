@@ -534,14 +534,22 @@ func refusingAddr(t *testing.T) string {
 	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 }
 
-// A request reaches the load balancer once; its retries leave from there.
-func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
-	url := "http://" + refusingAddr(t)
-	lb, err := startSkyProxy(httpxLimits.keepaliveExpiry)
+// startTestSkyProxy starts the load balancer stand-in for one test and
+// closes it when the test ends.
+func startTestSkyProxy(t *testing.T, keepaliveExpiry time.Duration) *skyProxy {
+	t.Helper()
+	lb, err := startSkyProxy(keepaliveExpiry)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lb.close()
+	t.Cleanup(lb.close)
+	return lb
+}
+
+// A request reaches the load balancer once; its retries leave from there.
+func TestRetriesLeaveFromTheLoadBalancer(t *testing.T) {
+	url := "http://" + refusingAddr(t)
+	lb := startTestSkyProxy(t, httpxLimits.keepaliveExpiry)
 	links := &passLinks{}
 	c := newLoadClient(1, 5*time.Second, nil, links)
 	res := c.do(context.Background(), refusedRouter{url: url, lb: lb.url}, arrival{Entry: 1, Prefix: -1}, time.Now())
@@ -571,11 +579,7 @@ func TestSkyServesRequestsPassItsProxyAndStreamThrough(t *testing.T) {
 		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n")
 	}))
 	defer gw.Close()
-	lb, err := startSkyProxy(httpxLimits.keepaliveExpiry)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lb.close()
+	lb := startTestSkyProxy(t, httpxLimits.keepaliveExpiry)
 	c := newLoadClient(2, 5*time.Second, map[string]int{"west-a": 1}, nil)
 	var res result
 	tg := target{URL: gw.URL, Host: "pool.example", Cluster: 1, pod: -1, via: 0, lb: lb.url}
@@ -647,11 +651,7 @@ func TestTheLoadBalancerReopensAConnectionLeftIdlePastItsExpiry(t *testing.T) {
 	gw.Start()
 	defer gw.Close()
 	const expiry = 300 * time.Millisecond
-	lb, err := startSkyProxy(expiry)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lb.close()
+	lb := startTestSkyProxy(t, expiry)
 	c := newLoadClient(1, 5*time.Second, nil, nil)
 	send := func() {
 		t.Helper()
@@ -690,11 +690,7 @@ func TestTheLoadBalancerSendsARequestOnOnlyOnceItsBodyHasArrived(t *testing.T) {
 		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
 	}))
 	defer gw.Close()
-	lb, err := startSkyProxy(httpxLimits.keepaliveExpiry)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lb.close()
+	lb := startTestSkyProxy(t, httpxLimits.keepaliveExpiry)
 	// The body's second half leaves the client a pause after its first.
 	pr, pw := io.Pipe()
 	lastSent := make(chan time.Time, 1)
