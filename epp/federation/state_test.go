@@ -119,6 +119,41 @@ func TestPeerStateAppliesUpdatesInOrder(t *testing.T) {
 	}
 }
 
+// A view's entry says where the entry gateway sends a request picked to it,
+// as NextHop does, and follows a spec that moves the pod.
+func TestAViewsEntriesCarryTheirNextHop(t *testing.T) {
+	moved := &federationv1.Update{Seq: 2, SentUnixNano: at(0), Upserts: []*federationv1.Endpoint{{Id: 1, Spec: spec("a", "10.0.0.9"), Metrics: metrics(0, 0)}}}
+	for _, tc := range []struct {
+		name    string
+		mode    fleetv1alpha1.FederationMode
+		updates []*federationv1.Update
+		want    string
+	}{
+		{"Endpoint mode: the pod", fleetv1alpha1.FederationEndpoint, nil, "10.0.0.1:8000"},
+		{"Endpoint mode, the pod moved: its new address", fleetv1alpha1.FederationEndpoint, []*federationv1.Update{moved}, "10.0.0.9:8000"},
+		{"Parent mode: the cluster's gateway", fleetv1alpha1.FederationParent, nil, "gw.west:8080"},
+		{"Parent mode, the pod moved: still the gateway", fleetv1alpha1.FederationParent, []*federationv1.Update{moved}, "gw.west:8080"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := &Origin{Cluster: "west", Mode: tc.mode, Gateway: "gw.west:8080"}
+			p := newPeerState(o, "llm", Limits{MaxMessageBytes: 1 << 20, MaxEndpoints: 2}, Destinations{}, nil)
+			updates := append([]*federationv1.Update{snapshot(&federationv1.Endpoint{Id: 1, Spec: spec("a", "10.0.0.1"), Metrics: metrics(0, 0)})}, tc.updates...)
+			for _, u := range updates {
+				if err := p.apply(u, time.Now()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e := &p.view.Load().Entries[0]
+			if e.NextHop() != tc.want || NextHop(o, e.Endpoint.GetMetadata()) != tc.want {
+				t.Fatalf("entry's next hop %q, NextHop %q; want %q", e.NextHop(), NextHop(o, e.Endpoint.GetMetadata()), tc.want)
+			}
+			if v := NewView(o, []Entry{{Endpoint: e.Endpoint}}); v.Entries[0].NextHop() != tc.want {
+				t.Fatalf("NewView's entry's next hop %q, want %q", v.Entries[0].NextHop(), tc.want)
+			}
+		})
+	}
+}
+
 func TestDecodeUpdateRefusesMalformedOrOversizedMessages(t *testing.T) {
 	valid := func(mut func(*federationv1.Update)) []byte {
 		u := snapshot(&federationv1.Endpoint{Id: 1, Spec: spec("a", "10.0.0.1"), Metrics: metrics(0, 0)})

@@ -138,6 +138,9 @@ type remoteEndpoint struct {
 	// received.
 	specSize, metricsSize, prefixSize int
 	metrics                           *fwkdl.Metrics
+	// hop is NextHop of the endpoint, made when its spec arrives rather
+	// than on every pick that weighs it.
+	hop string
 	// prefixes is the endpoint's prefix summary, nil without one (or with
 	// one of a size this EPP does not know).
 	prefixes *prefixes.Summary
@@ -239,7 +242,9 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 		re.metricsSize = proto.Size(e.GetMetrics())
 		p.bytes += re.metricsSize
 		if s := e.GetSpec(); s != nil {
-			re.ep.UpdateMetadata(p.metadata(s))
+			md := p.metadata(s)
+			re.ep.UpdateMetadata(md)
+			re.hop = NextHop(p.origin, md)
 			p.bytes -= re.specSize
 			re.specSize = proto.Size(s)
 			p.bytes += re.specSize
@@ -282,7 +287,7 @@ func (p *peerState) apply(u *federationv1.Update, recvAt time.Time) error {
 	}
 	v := &View{Origin: p.origin, Entries: make([]Entry, len(p.order)), lag: p.lag}
 	for i, re := range p.order {
-		v.Entries[i] = Entry{Endpoint: re.ep, Updated: re.updated, metrics: re.metrics, Prefixes: re.prefixes}
+		v.Entries[i] = Entry{Endpoint: re.ep, Updated: re.updated, metrics: re.metrics, Prefixes: re.prefixes, hop: re.hop}
 	}
 	v.index()
 	p.view.Store(v)

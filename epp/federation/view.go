@@ -49,6 +49,7 @@ type Entry struct {
 	queue   int
 	running int
 	kv      float64
+	hop     string
 }
 
 // Queue is the endpoint's waiting queue.
@@ -60,16 +61,22 @@ func (e *Entry) Running() int { return e.running }
 // KVCacheUsage is the endpoint's KV-cache usage, a fraction.
 func (e *Entry) KVCacheUsage() float64 { return e.kv }
 
+// NextHop is where the entry gateway sends a request picked to the
+// endpoint (see the function NextHop).
+func (e *Entry) NextHop() string { return e.hop }
+
 // Read is when the peer read the endpoint's counts, its scrape, in this
 // picker's clock. Updated may be later: it also covers the peer's messages
 // since that left them unchanged.
 func (e *Entry) Read() time.Time { return e.metrics.UpdateTime }
 
-// NewView returns the view of origin's endpoints with their current metrics.
-// It orders entries in place.
+// NewView returns the view of origin's endpoints with their current metrics
+// and metadata, as the store builds one from a peer's messages. It orders
+// entries in place.
 func NewView(origin *Origin, entries []Entry) *View {
 	for i := range entries {
 		entries[i].metrics = entries[i].Endpoint.GetMetrics()
+		entries[i].hop = NextHop(origin, entries[i].Endpoint.GetMetadata())
 	}
 	slices.SortStableFunc(entries, func(a, b Entry) int { return compareLoad(a.metrics, b.metrics) })
 	v := &View{Origin: origin, Entries: entries}

@@ -284,7 +284,7 @@ func (p *Policy) Remote(local []fwkdl.Endpoint, remote federation.Remote, m *Met
 			}
 			entryCost := cost
 			if !parent {
-				if c := p.connect(v.Origin, federation.NextHop(v.Origin, e.Endpoint.GetMetadata()), m, idleSince); c > 0 {
+				if c := p.connect(v.Origin, e.NextHop(), m, idleSince); c > 0 {
 					entryCost += c
 					weighed.Unconnected++
 				}

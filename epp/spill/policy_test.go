@@ -700,6 +700,40 @@ func TestRemoteCarriesTheViewsFreshness(t *testing.T) {
 	}
 }
 
+// A crossing pick reads every remote pod that may win but allocates only
+// for its candidates: with Endpoint-mode peers, each pod its own
+// destination, looking up a pod's connection costs no allocation.
+func TestRemoteAllocatesForItsCandidatesNotForThePodsItReads(t *testing.T) {
+	o := &federation.Origin{Cluster: "w", Mode: fleetv1alpha1.FederationEndpoint, RoundTrip: &federation.RoundTrip{}}
+	o.RoundTrip.Observe(30 * time.Millisecond)
+	idlePods := func(n int) federation.Remote {
+		entries := make([]federation.Entry, n)
+		for i := range entries {
+			m := fwkdl.NewMetrics()
+			m.UpdateTime = now
+			entries[i] = federation.Entry{Endpoint: fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{
+				NamespacedName: types.NamespacedName{Name: fmt.Sprint("w", i)}, Address: fmt.Sprintf("10.1.%d.%d", i/250, i%250+1), Port: "8000"}, m), Updated: now}
+		}
+		return federation.Remote{Peers: []*federation.View{federation.NewView(o, entries)}, Stale: now.Add(-2 * time.Second)}
+	}
+	local := []fwkdl.Endpoint{fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{}, &fwkdl.Metrics{WaitingQueueSize: 10, UpdateTime: now})}
+	policy := testPolicy(t, nil)
+	m := NewMeter()
+	m.CrossedAt("10.1.0.1:8000", now)
+	allocs := func(remote federation.Remote) (float64, Estimate) {
+		var weighed Estimate
+		return testing.AllocsPerRun(20, func() { _, weighed = policy.Remote(local, remote, m, Prompt{}) }), weighed
+	}
+	few, fewWeighed := allocs(idlePods(DefaultParams.MaxRemoteCandidates))
+	many, manyWeighed := allocs(idlePods(25 * DefaultParams.MaxRemoteCandidates))
+	if fewWeighed.Read != DefaultParams.MaxRemoteCandidates || manyWeighed.Read != 25*DefaultParams.MaxRemoteCandidates || manyWeighed.Unconnected < manyWeighed.Read-1 {
+		t.Fatalf("weighed %+v and %+v: want every pod read and looked up", fewWeighed, manyWeighed)
+	}
+	if many > few {
+		t.Fatalf("%v allocations reading %d pods, %v reading %d: want none per pod read", many, manyWeighed.Read, few, fewWeighed.Read)
+	}
+}
+
 // BenchmarkRemote picks the 16 remote endpoints expected soonest of 10
 // peers × 90 endpoints, as a crossing pick does.
 func BenchmarkRemote(b *testing.B) {
