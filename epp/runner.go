@@ -13,17 +13,27 @@
 // it (runner.go):
 //
 //  1. the candidate lookup (candidates.go) adds fresh remote endpoints and
-//     matches subset hints and marked pods by IP and port, with the pool's failureMode
-//     deciding what happens to a hint whose pod is gone. With a
-//     cross-cluster-filter configured, its spill policy (package spill,
-//     built once by the plugin's factory and shared) decides when remote
-//     endpoints join: the least loaded few, once no local endpoint has
-//     headroom; the plugin (plugins/crosscluster) then only trims them;
+//     matches subset hints and marked pods by IP and port, with the pool's
+//     failureMode deciding what happens to a hint whose pod is gone. With a
+//     cross-cluster-filter configured (default-config.yaml, the shipped
+//     profile), the spill policy (package spill, built once by the plugin's
+//     factory and shared) estimates each endpoint's time to first token
+//     from its load, the round trip to its cluster and the prompt's
+//     uncached prefill (package prefixes: this picker's record of its own
+//     pods, peers' summaries of theirs); remote endpoints join a pick only
+//     when one is expected sooner than the best local endpoint by a margin,
+//     and then only those within that margin of the soonest. Package
+//     crossing's share cap and per-cluster breaker decide which clusters a
+//     pick may cross to at all; the plugin (plugins/crosscluster) then only
+//     trims;
 //  2. the ext-proc server's Director is wrapped (director.go) to send
 //     Parent-mode picks to the remote gateway with signed marks (package
 //     marks, parentmarks.go), and its stream to verify the marks a request
 //     arrives with, which keep its pick local; the wrappers share the
-//     request's pick (pick.go);
+//     request's pick (pick.go), and the stream bounds the request bodies it
+//     holds (requestlimits.go); a request a peer marked reports back, in a
+//     Server-Timing header, how long it took here after the pick, so the
+//     origin learns what its crossings cost (servertiming.go);
 //  3. the federation server and subscriptions (peering.go, package
 //     federation) run next to GIE's servers, and so does the loop that
 //     forgets the pods that went away (gonepods.go);
