@@ -12,6 +12,12 @@ TEST_TIMEOUT ?= 40m
 # make chaos takes about 30 minutes when every case passes; a failing case waits out its bounds.
 CHAOS_TIMEOUT ?= 75m
 FLEET_DIR ?= .fleet
+# make images and make release build every platform; make test, demo, chaos,
+# fleet-up and the benchmarks run images on this machine only, so they build
+# its platform alone (the other one doubled a cold make test's image build).
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+HOST_PLATFORM := linux/$(shell go env GOARCH)
+STEP := hack/step.sh
 
 # Tool versions come from the pinning modules under hack/tools; each tool is
 # built once per version into bin/<tool>-<version>/ and reused afterwards.
@@ -46,7 +52,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION
 	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
 
-.PHONY: all tools build images release test chaos unit e2e demo fleet-up fleet-down vet fmt manifests generate verify-generated verify-layering fuzz fuzz-long bench bench-epp bench-hub bench-routing clean help
+.PHONY: all tools build images images-host release test chaos unit e2e demo fleet-up fleet-down vet fmt manifests generate verify-generated verify-layering fuzz fuzz-long bench bench-epp bench-hub bench-routing clean help
 
 all: build
 
@@ -93,36 +99,50 @@ $(PROTOGEN):
 build: ## Build fleetinfer's binaries into bin/.
 	go build -o $(BIN)/ ./cmd/...
 
-images: ## Build the hub, spoke and picker images (linux/amd64 and linux/arm64, SBOM inside) into the OCI layout bin/oci; PUSH=host/prefix also pushes them.
-	go run ./hack/images -out $(BIN)/oci -version $(VERSION) $(if $(PUSH),-push $(PUSH))
+images: ## Build the hub, spoke and picker images (IMAGE_PLATFORMS: linux/amd64 and linux/arm64, SBOM inside) into the OCI layout bin/oci; PUSH=host/prefix also pushes them.
+	go run ./hack/images -out $(BIN)/oci -version $(VERSION) -platforms $(IMAGE_PLATFORMS) $(if $(PUSH),-push $(PUSH))
 
-release: ## A release in dist/$(VERSION): images (OCI layout), the spoke chart and hub manifests pinned to their digests, register-spoke.sh, SHA256SUMS; PUSH=host/prefix also pushes the images.
-	go run ./hack/images -out dist/$(VERSION)/oci -version $(VERSION) -release dist/$(VERSION) $(if $(PUSH),-push $(PUSH))
+images-host: ## The same images for this machine's platform only (what the local fleet runs).
+	@$(MAKE) --no-print-directory images IMAGE_PLATFORMS=$(HOST_PLATFORM) PUSH=
 
-test: tools build images vet verify-generated verify-layering fuzz ## Build everything and run every test.
-	go test -timeout $(TEST_TIMEOUT) -count=1 ./...
+release: ## A release in dist/$(VERSION): images (OCI layout, IMAGE_PLATFORMS), the spoke chart and hub manifests pinned to their digests, register-spoke.sh, SHA256SUMS; PUSH=host/prefix also pushes the images.
+	go run ./hack/images -out dist/$(VERSION)/oci -version $(VERSION) -platforms $(IMAGE_PLATFORMS) -release dist/$(VERSION) $(if $(PUSH),-push $(PUSH))
 
-chaos: tools build images ## The hub's fault suite at full length (2-min cordon and black hole, 20 leader kills, ...), then the steady-state test; FAULT lines give the figures.
+# Each step says when it starts and how long it took, and the summary at the
+# end (also on failure) lists them: where a cold run's time goes.
+test: ## Build what the tests need (tools in parallel, images for this platform) and run every test, timing each step.
+	@$(STEP) --reset
+	@trap '$(STEP) --summary' EXIT; \
+	$(STEP) tools $(MAKE) --no-print-directory -j4 tools; \
+	$(STEP) build $(MAKE) --no-print-directory build; \
+	$(STEP) images $(MAKE) --no-print-directory images-host; \
+	$(STEP) vet $(MAKE) --no-print-directory vet; \
+	$(STEP) verify-generated $(MAKE) --no-print-directory verify-generated; \
+	$(STEP) verify-layering $(MAKE) --no-print-directory verify-layering; \
+	$(STEP) fuzz $(MAKE) --no-print-directory fuzz; \
+	$(STEP) go-test go test -timeout $(TEST_TIMEOUT) -count=1 ./...
+
+chaos: tools build images-host ## The hub's fault suite at full length (2-min cordon and black hole, 20 leader kills, ...), then the steady-state test; FAULT lines give the figures.
 	FLEETINFER_CHAOS=1 go test -timeout $(CHAOS_TIMEOUT) -count=1 -v ./e2e -run '^(TestFault.*|TestASecondHubOnTheSameSpokesLeavesTheFirstHubsCopiesAlone|TestHubMovesTheReplicasOfACopyStuckPendingForGPUs|TestHubSteadyStateMakesNoWrites)$$' \
 		| tee chaos.log | grep -E '^(FAULT|--- |ok|FAIL|PASS)'
 
 bench: bench-epp bench-hub bench-routing ## Run the benchmarks; results in bench/results/.
 
-bench-epp: tools build images ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (40 local pods); bench/results/epp.{json,md,svg}.
+bench-epp: tools build images-host ## EPP: fleetinfer (1,000 federated pods) vs GIE v1.5.0's stock EPP (40 local pods); bench/results/epp.{json,md,svg}.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 	go run ./bench/epp -out bench/results -stock-epp $(patsubst $(ROOT)/%,%,$(BIN)/gie-epp)
 
-bench-hub: tools build images ## Hub: apply → copy in every spoke for 100 services (vs direct creates) and failover time; bench/results/hub.{json,md,svg}.
+bench-hub: tools build images-host ## Hub: apply → copy in every spoke for 100 services (vs direct creates) and failover time; bench/results/hub.{json,md,svg}.
 	go run ./bench/hub -out bench/results
 
-bench-routing: tools build images ## Routing: GIE local, SkyServe round-robin and least-load, fleetinfer, oracle over 8 scenarios on three clusters apart; bench/results/routing.{json,md} and routing-*.svg.
+bench-routing: tools build images-host ## Routing: GIE local, SkyServe round-robin and least-load, fleetinfer, oracle over 8 scenarios on three clusters apart; bench/results/routing.{json,md} and routing-*.svg.
 	go build -o $(BIN)/gie-epp sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 	go run ./bench/routing -out bench/results -stock-epp $(patsubst $(ROOT)/%,%,$(BIN)/gie-epp)
 
-demo: tools build images ## The local fleet demo: a KServe sample placed by the hub, skewed load without and with federation (DURATION=40s per phase, SPOKES=3); report in demo-report/.
+demo: tools build images-host ## The local fleet demo: a KServe sample placed by the hub, skewed load without and with federation (DURATION=40s per phase, SPOKES=3); report in demo-report/.
 	$(BIN)/localfleet --load-duration $(DURATION) --spokes $(SPOKES) --report-dir demo-report
 
-fleet-up: tools build images ## Start a local fleet (SPOKES=3) and keep it running until Ctrl-C or `make fleet-down`; kubeconfig in $(FLEET_DIR)/kubeconfig.
+fleet-up: tools build images-host ## Start a local fleet (SPOKES=3) and keep it running until Ctrl-C or `make fleet-down`; kubeconfig in $(FLEET_DIR)/kubeconfig.
 	$(BIN)/localfleet up --spokes $(SPOKES) --dir $(FLEET_DIR)
 
 fleet-down: ## Stop the fleet `make fleet-up` runs.
