@@ -133,7 +133,7 @@ type Params struct {
 	// where that exceeds the link's round trip. Off by default: the path
 	// also holds the origin's own forwarding after the pick, which a local
 	// request pays alike, and in the routing benchmark pickers using it
-	// crossed less and found fewer prefixes cached (see the README).
+	// crossed less and found fewer prefixes cached (docs/performance/history.md).
 	LearnCrossingPath bool `json:"learnCrossingPath"`
 }
 

@@ -1,5 +1,5 @@
-// Package quickstart runs the README's quickstart exactly as written: the
-// fenced shell blocks between its quickstart markers. It starts its own
+// Package quickstart runs the quickstart page (docs/getting-started/quickstart.md)
+// exactly as written: the fenced shell blocks between its quickstart markers. It starts its own
 // fleet (through `make fleet-up`), so it is a package of its own, apart
 // from the fleet the e2e package shares.
 package quickstart
@@ -32,15 +32,19 @@ const (
 	downTimeout  = 2 * time.Minute
 )
 
-// quickstartBlocks returns the fenced sh blocks between the README's
+// quickstartPage is the page that holds the quickstart, relative to the
+// repository root.
+const quickstartPage = "docs/getting-started/quickstart.md"
+
+// quickstartBlocks returns the fenced sh blocks between the page's
 // quickstart markers, in order.
-func quickstartBlocks(readme string) ([]string, error) {
-	begin, end := strings.Index(readme, "<!-- quickstart:begin -->"), strings.Index(readme, "<!-- quickstart:end -->")
+func quickstartBlocks(page string) ([]string, error) {
+	begin, end := strings.Index(page, "<!-- quickstart:begin -->"), strings.Index(page, "<!-- quickstart:end -->")
 	if begin < 0 || end < begin {
-		return nil, errors.New("no quickstart markers in the README")
+		return nil, errors.New("no quickstart markers in " + quickstartPage)
 	}
 	var blocks []string
-	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(readme[begin:end], -1) {
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(page[begin:end], -1) {
 		blocks = append(blocks, m[1])
 	}
 	return blocks, nil
@@ -53,22 +57,22 @@ func TestQuickstartBlocksAreFound(t *testing.T) {
 	}
 }
 
-// The README's quickstart works exactly as written: `make fleet-up` in one
+// The quickstart works exactly as written: `make fleet-up` in one
 // shell until it prints that the fleet is up; then the kubectl steps in
 // another (they fail on the first failing command: the sample and the
 // placement applied to the hub, the service Ready, a completion through a
 // gateway, the plugin's commands); then `make fleet-down`, after which the
 // first shell's command ends and every process of the fleet has exited.
-func TestREADMEQuickstartWorksAsWritten(t *testing.T) {
+func TestQuickstartWorksAsWritten(t *testing.T) {
 	root, err := binaries.Root()
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	page, err := os.ReadFile(filepath.Join(root, quickstartPage))
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks, err := quickstartBlocks(string(readme))
+	blocks, err := quickstartBlocks(string(page))
 	if err != nil {
 		t.Fatal(err)
 	}
