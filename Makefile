@@ -162,9 +162,10 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC; copy CRDs and presets in
 	$(CONTROLLER_GEN) rbac:roleName=fleetinfer-hub paths=./hub/... output:rbac:dir=deploy/hub/rbac
 	hack/sync-deploy.sh
 
-generate: $(CONTROLLER_GEN) $(PROTOGEN) ## Generate deepcopy code and the EPP federation protobuf code.
+generate: $(CONTROLLER_GEN) $(PROTOGEN) ## Generate deepcopy code, the EPP federation protobuf code and the reference pages in docs/reference.
 	$(CONTROLLER_GEN) object paths=./apis/...
 	$(PROTOGEN) -plugins $(PROTOGEN_DIR) epp/federation/v1/federation.proto
+	go run ./hack/refdocs -out docs/reference
 
 fuzz: ## Run each fuzz test for FUZZTIME (default 2000 inputs) on top of its committed corpus.
 	go test ./epp/federation -run '^$$' -fuzz '^FuzzDecodeAndApply$$' -fuzztime $(FUZZTIME)

@@ -8,7 +8,7 @@ import (
 )
 
 // The EPP's own metrics, counted on the request path. The runner registers
-// metricCollectors() next to GIE's.
+// MetricCollectors() next to GIE's.
 var (
 	// picks is counted by the director, which knows where a pick went.
 	picks = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -47,8 +47,8 @@ var (
 	}, []string{"cluster"})
 )
 
-// metricCollectors returns every fleetinfer EPP metric: the federation's and the
+// MetricCollectors returns every fleetinfer EPP metric: the federation's and the
 // request path's.
-func metricCollectors() []prometheus.Collector {
+func MetricCollectors() []prometheus.Collector {
 	return append(append(federation.Collectors(), crossing.Collectors()...), picks, subsetHints, parentMarks, requestBodiesRefused, bufferedBodyBytes, crossingPath)
 }

@@ -128,7 +128,7 @@ func NewRunner() *Runner {
 		FlagsParsed:           r.flagsParsed,
 		RegisterPlugins:       func() { registerPlugins(r.spill) },
 		RequestControlPlugins: []fwkplugin.Plugin{r.recorder},
-		Collectors:            metricCollectors(),
+		Collectors:            MetricCollectors(),
 		Candidates:            r.candidates,
 		ExtProcServer: func(ds handlers.Datastore, gie handlers.Director, parser fwkrh.Parser) extProcPb.ExternalProcessorServer {
 			return newExtProcServer(ds, gie, parser, r.marker, r.crossings, *r.recorder, r.limits)

@@ -14,6 +14,7 @@ GENERATED=(
   deploy/charts/fleetinfer-spoke/generated
   deploy/hub/crds
   deploy/hub/rbac
+  docs/reference
 )
 snapshot() {
   { find "${GENERATED[@]}" -type f 2>/dev/null; find apis -name 'zz_generated.*.go'; } |

@@ -4,42 +4,20 @@ package main
 import (
 	"flag"
 	"os"
-	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	"github.com/fleetinfer/fleetinfer/hub"
-	"github.com/fleetinfer/fleetinfer/hub/distribute"
-	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
+	"github.com/fleetinfer/fleetinfer/internal/cmdflags"
 	"github.com/fleetinfer/fleetinfer/internal/managerflags"
 )
 
 func main() {
-	var mf managerflags.Flags
-	mf.Bind(flag.CommandLine, ":8080", ":8081")
-	var opts hub.Options
-	flag.StringVar(&opts.Namespace, "cluster-namespace", "fleetinfer-system", "Namespace of the spoke registrations: kubeconfig Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true, ClusterProfiles.")
-	flag.DurationVar(&opts.DefaultToleration, "default-failover-toleration", 60*time.Second, "How long a cluster may be unavailable before its replicas move, for placements that set no failover.tolerationSeconds.")
-	flag.DurationVar(&opts.DefaultReadyTimeout, "default-ready-timeout", distribute.DefaultReadyTimeout, "How long a cluster's copy may take to turn Ready after the hub created it or changed its spec before it is Stuck and its replicas move, for placements that set no failover.readyTimeoutSeconds.")
-	flag.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "How often each spoke's API server is probed.")
-	flag.IntVar(&opts.ProbeFailureThreshold, "probe-failure-threshold", 3, "Consecutive failed probes that make a spoke unavailable; the failover toleration counts from the first of them.")
-	flag.IntVar(&opts.ProbeSuccessThreshold, "probe-success-threshold", 2, "Consecutive good probes that make a spoke the probes found unavailable available again.")
-	flag.DurationVar(&opts.OrphanInterval, "orphan-collection-interval", 30*time.Second, "How often spokes are swept for copies no hub object accounts for.")
-	flag.DurationVar(&opts.OrphanGrace, "orphan-grace-period", 2*time.Minute, "How long a copy must stay orphaned (its hub service gone) before the orphan collector deletes it.")
-	flag.BoolVar(&opts.RequireClusterSetBinding, "require-cluster-set-binding", true, "Place a namespace's services only on the clusters of the cluster sets its ClusterSetBindings bind (fleet.fleetinfer.io/clusterset on a cluster's registration; \"global\" binds every cluster). false lets every namespace use every cluster.")
-	flag.StringVar(&opts.HubID, "hub-id", "", "This hub's identity on the spokes (label fleet.fleetinfer.io/hub-id): it changes and deletes only objects carrying it. Empty derives it from the hub cluster (its kube-system namespace's UID). Give a restored hub the ID of the hub it replaces.")
-	flag.StringVar(&opts.FederationCASecret, "federation-ca-secret", "fleetinfer-federation-ca", "Secret in --cluster-namespace holding the CA (tls.crt, tls.key) that signs endpoint pickers' federation certificates; created when missing.")
-	flag.DurationVar(&opts.FederationCAOverlap, "federation-ca-rotation-overlap", ca.DefaultOverlap, "When the CA in --federation-ca-secret is replaced: how long pickers trust both CAs before their certificates are re-signed by the new one, and again before the old CA is dropped. Longer than a Secret takes to reach a picker's files.")
-	flag.StringVar(&opts.TrustDomain, "federation-trust-domain", "fleetinfer.io", "SPIFFE trust domain of endpoint-picker identities (spiffe://<domain>/cluster/<c>/ns/<ns>/llminferenceservice/<name>).")
-	flag.IntVar(&opts.Workers, "concurrent-service-syncs", 8, "Services reconciled at once by each hub controller.")
-	flag.DurationVar(&opts.ClusterTimeout, "cluster-timeout", distribute.DefaultClusterTimeout, "Deadline of each call to one spoke within a reconcile: a spoke that hangs is unreadable for that reconcile instead of holding the worker and the other spokes' writes.")
-	var po hub.ProviderOptions
-	flag.StringVar(&po.Kind, "cluster-provider", hub.ProviderKubeconfig, "How the hub finds its spokes in --cluster-namespace: kubeconfig (Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true) or clusterprofile (Cluster Inventory API ClusterProfiles).")
-	flag.StringVar(&po.Consumer, "clusterprofile-consumer", "fleetinfer-hub", "With --cluster-provider=clusterprofile: the consumer name of the kubeconfig Secrets (label x-k8s.io/cluster-inventory-consumer) the hub reads for profiles it has no access provider for.")
-	flag.StringVar(&po.AccessFile, "clusterprofile-provider-file", "", "With --cluster-provider=clusterprofile: the Cluster Inventory API access provider file (JSON, exec plugins per provider name) used for profiles' status.accessProviders; empty reads only Secrets.")
-	po.Kubeconfigs.AddFlags(flag.CommandLine)
+	var cl cmdflags.Hub
+	cl.AddFlags(flag.CommandLine)
 	flag.Parse()
+	mf, opts, po := &cl.Manager, cl.Options, cl.Provider
 	log := mf.Logger()
 	ctrl.SetLogger(log)
 

@@ -9,12 +9,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/fleetinfer/fleetinfer/internal/cmdflags"
 	"github.com/fleetinfer/fleetinfer/localfleet/demo"
 	"github.com/fleetinfer/fleetinfer/localfleet/up"
 	"github.com/fleetinfer/fleetinfer/localfleet/wan"
@@ -45,14 +45,20 @@ func main() {
 	var err error
 	switch cmd {
 	case "up":
-		err = runUp(fs, args)
-	case "down":
-		dir := fs.String("dir", ".fleet", "the fleet's directory")
-		timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait for the fleet to stop")
+		var cl cmdflags.Up
+		cl.AddFlags(fs)
 		_ = fs.Parse(args)
-		err = up.Down(*dir, *timeout, os.Stdout)
+		err = runUp(&cl)
+	case "down":
+		var cl cmdflags.Down
+		cl.AddFlags(fs)
+		_ = fs.Parse(args)
+		err = up.Down(cl.Dir, cl.Timeout, os.Stdout)
 	default:
-		err = runDemo(fs, args)
+		var cl cmdflags.Demo
+		cl.AddFlags(fs)
+		_ = fs.Parse(args)
+		err = runDemo(&cl)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
@@ -60,57 +66,30 @@ func main() {
 	}
 }
 
-// network adds the flags that shape the network between the clusters and
-// returns a function that reads them once the flags are parsed.
-func network(fs *flag.FlagSet) func() (*wan.Matrix, wan.PodNetwork) {
-	matrix := fs.String("wan-matrix", "", "YAML file of the links between clusters (round trip, jitter, bandwidth, loss per pair; default: modelled on IBM Cloud's Washington DC, Dallas and Toronto)")
-	podNetwork := fs.String("pod-network", string(wan.Isolated), "isolated: a cluster's pod addresses are unreachable from the others; flat: reachable through the link")
-	return func() (*wan.Matrix, wan.PodNetwork) {
-		mode, err := wan.ParsePodNetwork(*podNetwork)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "error: --pod-network:", err)
-			os.Exit(2)
-		}
-		var m *wan.Matrix
-		if *matrix != "" {
-			if m, err = wan.Load(*matrix); err != nil {
-				fmt.Fprintln(os.Stderr, "error: --wan-matrix:", err)
-				os.Exit(2)
-			}
-		}
-		return m, mode
+// network reads the network flags, exiting on a bad value.
+func network(n *cmdflags.Network) (*wan.Matrix, wan.PodNetwork) {
+	m, mode, err := n.Parse()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(2)
 	}
+	return m, mode
 }
 
-func runUp(fs *flag.FlagSet, args []string) error {
-	var opts up.Options
-	fs.StringVar(&opts.Dir, "dir", ".fleet", "directory for the fleet's state, logs, kubeconfig and state file (cleared of an earlier fleet's state)")
-	spokes := fs.Int("spokes", 3, "number of GPU clusters")
-	net := network(fs)
-	_ = fs.Parse(args)
-	opts.Network, opts.PodNetwork = net()
-	opts.Spokes = demo.Spokes(*spokes)
+func runUp(cl *cmdflags.Up) error {
+	opts := cl.Options
+	opts.Network, opts.PodNetwork = network(&cl.Network)
+	opts.Spokes = demo.Spokes(cl.Spokes)
 	opts.Out, opts.Log = os.Stdout, demo.ProgressLog(os.Stdout)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return up.Up(ctx, opts)
 }
 
-func runDemo(fs *flag.FlagSet, args []string) error {
-	var opts demo.Options
-	fs.IntVar(&opts.Spokes, "spokes", 3, "number of GPU clusters")
-	fs.DurationVar(&opts.LoadDuration, "load-duration", 0, "length of each of the two load phases (default 40s)")
-	fs.Float64Var(&opts.Rate, "rate", 0, "requests per second (default 12)")
-	fs.Float64Var(&opts.HotShare, "hot-share", 0, "share of requests entering the hot cluster (default 0.75)")
-	fs.StringVar(&opts.HotCluster, "hot-cluster", "", "cluster most requests enter (default the last spoke, the smallest)")
-	fs.IntVar(&opts.MaxTokens, "max-tokens", 0, "tokens per completion (default 40)")
-	replicas := fs.Int("replicas", 0, "the service's replicas across the fleet (default 6)")
-	fs.StringVar(&opts.ReportDir, "report-dir", "demo-report", "directory for report.md and its plots")
-	fs.StringVar(&opts.Dir, "dir", "", "keep cluster state and logs in this directory instead of a temporary one")
-	net := network(fs)
-	_ = fs.Parse(args)
-	opts.Network, opts.PodNetwork = net()
-	opts.Replicas = int32(*replicas)
+func runDemo(cl *cmdflags.Demo) error {
+	opts := cl.Options
+	opts.Network, opts.PodNetwork = network(&cl.Network)
+	opts.Replicas = int32(cl.Replicas)
 	opts.Out = os.Stdout
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
