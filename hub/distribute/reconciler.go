@@ -28,10 +28,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/component"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 	"github.com/fleetinfer/fleetinfer/internal/statuspatch"
@@ -82,6 +82,19 @@ type Options struct {
 	// RequireClusterSetBinding limits each namespace to the clusters of
 	// the sets its ClusterSetBindings bind.
 	RequireClusterSetBinding bool
+	// OrphanInterval is how often the orphan collector sweeps the spokes.
+	OrphanInterval time.Duration
+}
+
+// withDefaults fills the settings left unset.
+func (o Options) withDefaults() Options {
+	if o.ClusterTimeout <= 0 {
+		o.ClusterTimeout = DefaultClusterTimeout
+	}
+	if o.DefaultReadyTimeout <= 0 {
+		o.DefaultReadyTimeout = DefaultReadyTimeout
+	}
+	return o
 }
 
 // FinalizePatience is how long a deleted hub service waits for every
@@ -107,7 +120,7 @@ const DefaultReadyTimeout = 10 * time.Minute
 type Reconciler struct {
 	hub      client.Client
 	clusters inventory.Source
-	// inv feeds the watches with cluster changes (SetupWithManager); a
+	// inv feeds the watches with cluster changes (setupWithManager); a
 	// reconcile reads clusters only through clusters.
 	inv       *inventory.Inventory
 	recorder  record.EventRecorder
@@ -117,13 +130,17 @@ type Reconciler struct {
 	now func() time.Time
 }
 
-// NewReconciler builds the reconciler on the hub (local) cluster's client.
-func NewReconciler(mgr mcmanager.Manager, inv *inventory.Inventory, opts Options) *Reconciler {
-	local := mgr.GetLocalManager()
+// Setup registers the reconciler and its orphan collector.
+func Setup(ctx context.Context, deps component.Deps, opts Options) error {
+	opts = opts.withDefaults()
 	// Registered, not the engaged clusters alone: a spoke the hub has not
 	// engaged keeps its replicas through the toleration.
-	return &Reconciler{hub: local.GetClient(), clusters: inv.Registered(), inv: inv, recorder: local.GetEventRecorderFor("fleetinfer-hub"),
+	r := &Reconciler{hub: deps.Hub(), clusters: deps.Inventory.Registered(), inv: deps.Inventory, recorder: deps.Recorder(),
 		opts: opts, deletions: &deletions{hubID: opts.HubID}}
+	if err := r.setupWithManager(ctx, deps.Manager); err != nil {
+		return err
+	}
+	return deps.Manager.GetLocalManager().Add(r.OrphanCollector(opts.OrphanInterval))
 }
 
 // OrphanCollector returns the collector of the copies this reconciler's hub
@@ -260,11 +277,10 @@ func (r *Reconciler) timeNow() time.Time {
 	return r.now()
 }
 
+// clusterTimeout is Options.ClusterTimeout, defaulted also for a reconciler
+// that Setup did not build.
 func (r *Reconciler) clusterTimeout() time.Duration {
-	if r.opts.ClusterTimeout <= 0 {
-		return DefaultClusterTimeout
-	}
-	return r.opts.ClusterTimeout
+	return r.opts.withDefaults().ClusterTimeout
 }
 
 // finalize deletes the copies in every reachable cluster. Copies in

@@ -17,10 +17,10 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 )
 
-// SetupWithManager registers the reconciler: hub services and placements
+// setupWithManager registers the reconciler: hub services and placements
 // are watched on the hub; copies in the spokes map back to their hub
 // service; the inventory's availability changes re-run every service.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
+func (r *Reconciler) setupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	b := mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-llminferenceservice").
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{MaxConcurrentReconciles: r.opts.Workers}).

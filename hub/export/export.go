@@ -35,6 +35,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/component"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -247,10 +248,22 @@ func (r *Reconciler) withdraw(ctx context.Context, c client.Client, key client.O
 	return client.IgnoreNotFound(c.Delete(ctx, imp))
 }
 
-// SetupWithManager registers the reconciler: pools and imports in every
+// Options configure the reconciler.
+type Options struct {
+	// HubID is this hub's identity (Reconciler.HubID).
+	HubID string
+}
+
+// Setup registers the reconciler.
+func Setup(ctx context.Context, deps component.Deps, opts Options) error {
+	r := &Reconciler{Clusters: deps.Inventory, HubID: opts.HubID}
+	return r.setupWithManager(ctx, deps.Manager, deps.Inventory)
+}
+
+// setupWithManager registers the reconciler: pools and imports in every
 // cluster map to their namespace/name; cluster changes re-run every pool a
 // cluster knows.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
+func (r *Reconciler) setupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-inferencepool-export").
 		Watches(&igwapiv1.InferencePool{}, watch.SameKey, watch.OnSpokes...).

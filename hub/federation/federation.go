@@ -72,6 +72,13 @@ type Options struct {
 	// HubID is this hub's identity (fleetv1alpha1.HubIDLabel): it writes
 	// and removes only what carries it, next to copies that carry it.
 	HubID string
+	// Namespace holds the clusters' registrations and the federation CA's
+	// Secret, CASecret.
+	Namespace string
+	CASecret  string
+	// CAOverlap is how long each phase of a CA rotation lasts
+	// (ca.Authority.Overlap).
+	CAOverlap time.Duration
 }
 
 // Reconciler publishes the peer directories and certificates of one hub
