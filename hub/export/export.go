@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -36,6 +35,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/component"
+	"github.com/fleetinfer/fleetinfer/hub/internal/spokewrite"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -181,25 +181,22 @@ func markExported(ctx context.Context, c client.Client, p *igwapiv1.InferencePoo
 // records the exporting clusters in the hub's controller entry; a cluster in
 // unread that the entry lists stays listed.
 func (r *Reconciler) ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, exporting []string, unread map[string]bool) error {
-	imp := &igwapixv1alpha1.InferencePoolImport{}
-	err := c.Get(ctx, key, imp)
+	imp := &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
+		Labels: fleetv1alpha1.OwnedByHubLabels(r.HubID)}}
+	createNamespace := func() error {
+		return client.IgnoreAlreadyExists(c.Create(ctx, spokewrite.Namespace(key.Namespace, r.HubID)))
+	}
+	// The import's content is its status, written below: the object itself
+	// is only created.
+	_, err := spokewrite.Ensure(ctx, c, r.HubID, imp, createNamespace, func(_, _ *igwapixv1alpha1.InferencePoolImport) bool { return false })
+	var notOurs *spokewrite.NotOursError
 	switch {
-	case apierrors.IsNotFound(err):
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: fleetv1alpha1.HubNamespaceLabels(r.HubID)}}
-		if err := client.IgnoreAlreadyExists(c.Create(ctx, ns)); err != nil {
-			return err
-		}
-		imp = &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
-			Labels: fleetv1alpha1.OwnedByHubLabels(r.HubID)}}
-		if err := c.Create(ctx, imp); err != nil {
-			return err
-		}
 	case meta.IsNoMatchError(err):
 		return nil // the member has no InferencePoolImport API
+	case errors.As(err, &notOurs):
+		return nil // someone else's import of that name
 	case err != nil:
 		return err
-	case !fleetv1alpha1.IsOwnedByHub(imp, r.HubID):
-		return nil // someone else's import of that name
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := c.Get(ctx, key, imp); err != nil {
