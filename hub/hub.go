@@ -1,9 +1,13 @@
-// Package hub assembles the hub: the cluster inventory and its
-// MemberClusters, the service
-// placement and distribution controller, placement status, the orphan
-// collector, the InferencePool export controller and the endpoint-picker
-// federation (peer directories and certificates), on a
-// multicluster-runtime manager whose provider engages the spoke clusters.
+// Package hub assembles the hub on a multicluster-runtime manager whose
+// provider engages the spoke clusters (provider.go: OCM, ClusterProfiles or
+// kubeconfig Secrets). Setup builds the cluster inventory, then sets up
+// each controller through its package's Setup with the shared
+// dependencies (hub/internal/component) and its own options: service
+// placement and distribution with the orphan collector (hub/distribute),
+// placement status (hub/placement), MemberClusters (hub/members), the
+// InferencePool export controller (hub/export) and the endpoint-picker
+// federation, peer directories and certificates (hub/federation).
+// identity.go gives the hub the ID it marks its spoke objects with.
 package hub
 
 import (

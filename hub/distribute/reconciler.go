@@ -1,13 +1,26 @@
 // Package distribute is the hub's LLMInferenceService controller. For each
 // service applied to the hub it asks hub/placement where the service runs
-// under the InferencePlacement that selects it (decide.go), writes a copy of
-// the service into each chosen cluster, make-before-break (copies.go), and
-// reports one status with an entry per cluster, the Placed, Distributed and
-// Ready conditions and the decision in force (status.go, pure). Events are
-// recorded in one place, from the conditions' transitions and the
-// decision's failovers. The orphan collector (gc.go) removes copies no hub
-// object accounts for. The hub never touches a spoke object it did not
-// create.
+// under the InferencePlacement that selects it, writes a copy of the service
+// into each chosen cluster, make-before-break, and reports one status with
+// an entry per cluster. The hub never touches a spoke object it did not
+// create. By file:
+//
+//   - reconciler.go: the reconcile pipeline (observe the copies, decide,
+//     plan the rollout, distribute, report, record Events), finalization,
+//     and the Events, recorded in one place from the conditions'
+//     transitions and the decision's failovers.
+//   - decide.go: the decision, in phases on a decideScope; it never empties
+//     a running service.
+//   - stuck.go: application-level failover: a copy not Ready within the
+//     ready timeout is Stuck and its replicas move.
+//   - rollout.go: a Progressive rollout stages a change a few clusters at a
+//     time (RolledOut).
+//   - copies.go: reading and writing the copies and the configs they name
+//     (through hub/internal/spokewrite), and deleting them.
+//   - status.go: report, pure: the per-cluster entries and the Placed,
+//     Distributed and Ready conditions.
+//   - gc.go: the orphan collector removes copies no hub object accounts for.
+//   - setup.go: Setup and the watches.
 package distribute
 
 import (
@@ -31,7 +44,6 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
-	"github.com/fleetinfer/fleetinfer/hub/internal/component"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 	"github.com/fleetinfer/fleetinfer/internal/statuspatch"
@@ -128,19 +140,6 @@ type Reconciler struct {
 	deletions *deletions
 	// now reads the clock (time.Now when nil); tests move it.
 	now func() time.Time
-}
-
-// Setup registers the reconciler and its orphan collector.
-func Setup(ctx context.Context, deps component.Deps, opts Options) error {
-	opts = opts.withDefaults()
-	// Registered, not the engaged clusters alone: a spoke the hub has not
-	// engaged keeps its replicas through the toleration.
-	r := &Reconciler{hub: deps.Hub(), clusters: deps.Inventory.Registered(), inv: deps.Inventory, recorder: deps.Recorder(),
-		opts: opts, deletions: &deletions{hubID: opts.HubID}}
-	if err := r.setupWithManager(ctx, deps.Manager); err != nil {
-		return err
-	}
-	return deps.Manager.GetLocalManager().Add(r.OrphanCollector(opts.OrphanInterval))
 }
 
 // OrphanCollector returns the collector of the copies this reconciler's hub

@@ -1,10 +1,13 @@
 // Package federation federates the endpoint pickers of a placed service.
 // For each cluster that runs a copy of the service with federation on, it
 // writes next to the copy a peer directory (a ConfigMap in the format of
-// fleetv1alpha1.PeerDirectory) naming the pickers of the same service in the
-// other clusters, and an mTLS certificate for the picker's own identity (a
-// Secret) signed by the hub's federation CA (package ca). Both are owned by
-// the copy, so the spoke's garbage collector removes them with it.
+// fleetv1alpha1.PeerDirectory, directory.go) naming the pickers of the same
+// service in the other clusters, and an mTLS certificate for the picker's
+// own identity (a Secret, certificates.go) signed by the hub's federation
+// CA (package ca). Both are owned by the copy, so the spoke's garbage
+// collector removes them with it. A cluster that only imports the
+// service's pool (hub/export) gets the same, as a subscribe-only peer
+// (importers.go). Setup and the watches are in setup.go.
 //
 // The hub reads only copies: each spoke reports on its copy's
 // status.federation where its picker's federation server listens and, for
