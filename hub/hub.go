@@ -1,9 +1,13 @@
-// Package hub assembles the hub: the cluster inventory and its
-// MemberClusters, the service
-// placement and distribution controller, placement status, the orphan
-// collector, the InferencePool export controller and the endpoint-picker
-// federation (peer directories and certificates), on a
-// multicluster-runtime manager whose provider engages the spoke clusters.
+// Package hub assembles the hub on a multicluster-runtime manager whose
+// provider engages the spoke clusters (provider.go: OCM, ClusterProfiles or
+// kubeconfig Secrets). Setup builds the cluster inventory, then sets up
+// each controller through its package's Setup with the shared
+// dependencies (hub/internal/component) and its own options: service
+// placement and distribution with the orphan collector (hub/distribute),
+// placement status (hub/placement), MemberClusters (hub/members), the
+// InferencePool export controller (hub/export) and the endpoint-picker
+// federation, peer directories and certificates (hub/federation).
+// identity.go gives the hub the ID it marks its spoke objects with.
 package hub
 
 import (
@@ -29,7 +33,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/distribute"
 	"github.com/fleetinfer/fleetinfer/hub/export"
 	"github.com/fleetinfer/fleetinfer/hub/federation"
-	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
+	"github.com/fleetinfer/fleetinfer/hub/internal/component"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/members"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
@@ -66,7 +70,9 @@ func CacheOptions(namespace string) cache.Options {
 	}}
 }
 
-// Options configure the hub.
+// Options configure the hub. Settings left unset take the defaults of
+// withDefaults, or of the component they are handed to (its Options'
+// withDefaults).
 type Options struct {
 	// Namespace holds the spokes' registrations (kubeconfig Secrets,
 	// ClusterProfiles).
@@ -104,15 +110,27 @@ type Options struct {
 	// TrustDomain is the SPIFFE trust domain of endpoint-picker identities.
 	TrustDomain string
 	// Workers is how many services each controller reconciles at once
-	// (default 8): a reconcile mostly waits on other clusters' API servers.
+	// (DefaultWorkers): a reconcile mostly waits on other clusters' API
+	// servers.
 	Workers int
 }
 
-// Setup registers the hub's components with mgr.
-func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
-	if opts.Workers <= 0 {
-		opts.Workers = 8
+// DefaultWorkers is Options.Workers when unset.
+const DefaultWorkers = 8
+
+// withDefaults fills the hub-wide settings left unset.
+func (o Options) withDefaults() Options {
+	if o.Workers <= 0 {
+		o.Workers = DefaultWorkers
 	}
+	return o
+}
+
+// Setup registers the hub's components with mgr: the inventory, then each
+// controller through its package's Setup, with the shared dependencies and
+// its own options.
+func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
+	opts = opts.withDefaults()
 	local := mgr.GetLocalManager()
 	id, err := HubIdentity(ctx, local.GetAPIReader(), opts.HubID)
 	if err != nil {
@@ -126,30 +144,27 @@ func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	if err := mgr.Add(inv); err != nil {
 		return err
 	}
-	r := distribute.NewReconciler(mgr, inv, distribute.Options{DefaultToleration: opts.DefaultToleration, Workers: opts.Workers,
-		HubID: id, OrphanGrace: opts.OrphanGrace, ClusterTimeout: opts.ClusterTimeout, DefaultReadyTimeout: opts.DefaultReadyTimeout,
-		RequireClusterSetBinding: opts.RequireClusterSetBinding})
-	if err := r.SetupWithManager(ctx, mgr); err != nil {
-		return err
+	deps := component.Deps{Manager: mgr, Inventory: inv}
+	setups := []func() error{
+		func() error {
+			return distribute.Setup(ctx, deps, distribute.Options{DefaultToleration: opts.DefaultToleration, Workers: opts.Workers,
+				HubID: id, OrphanGrace: opts.OrphanGrace, OrphanInterval: opts.OrphanInterval, ClusterTimeout: opts.ClusterTimeout,
+				DefaultReadyTimeout: opts.DefaultReadyTimeout, RequireClusterSetBinding: opts.RequireClusterSetBinding})
+		},
+		func() error { return placement.Setup(ctx, deps, placement.Options{Namespace: opts.Namespace}) },
+		func() error { return members.Setup(ctx, deps, members.Options{ClusterTimeout: opts.ClusterTimeout}) },
+		func() error { return export.Setup(ctx, deps, export.Options{HubID: id}) },
+		func() error {
+			return federation.Setup(ctx, deps, federation.Options{TrustDomain: opts.TrustDomain, Workers: opts.Workers, HubID: id,
+				Namespace: opts.Namespace, CASecret: opts.FederationCASecret, CAOverlap: opts.FederationCAOverlap})
+		},
 	}
-	placementStatus := &placement.StatusReconciler{Hub: local.GetClient(), Clusters: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub")}
-	if err := placementStatus.SetupWithManager(ctx, mgr, inv, opts.Namespace); err != nil {
-		return err
+	for _, setup := range setups {
+		if err := setup(); err != nil {
+			return err
+		}
 	}
-	if err := (&members.Reconciler{Hub: local.GetClient(), Clusters: inv, ClusterTimeout: opts.ClusterTimeout}).SetupWithManager(ctx, mgr, inv); err != nil {
-		return err
-	}
-	if err := (&export.Reconciler{Clusters: inv, HubID: id}).SetupWithManager(ctx, mgr, inv); err != nil {
-		return err
-	}
-	fed := &federation.Reconciler{Hub: local.GetClient(), Inv: inv, Recorder: local.GetEventRecorderFor("fleetinfer-hub"),
-		CA: &ca.Authority{Client: local.GetClient(), Reader: local.GetAPIReader(),
-			Secret: client.ObjectKey{Namespace: opts.Namespace, Name: opts.FederationCASecret}, Overlap: opts.FederationCAOverlap},
-		Opts: federation.Options{TrustDomain: opts.TrustDomain, Workers: opts.Workers, HubID: id}}
-	if err := fed.SetupWithManager(ctx, mgr, inv, opts.Namespace); err != nil {
-		return err
-	}
-	return local.Add(r.OrphanCollector(opts.OrphanInterval))
+	return nil
 }
 
 // engageGrace is how long a new leader gives registered clusters to be

@@ -18,6 +18,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/spokewrite"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
@@ -215,13 +216,15 @@ func (r *Reconciler) ensureCopy(ctx context.Context, c inventory.Cluster, want *
 		copyWrites.WithLabelValues(c.Name, "create").Inc()
 		return true, nil
 	}
-	cur := o.obj.DeepCopy()
-	sameSpec := equality.Semantic.DeepEqual(cur.Spec, want.Spec)
-	if sameSpec && equality.Semantic.DeepEqual(cur.Labels, want.Labels) && equality.Semantic.DeepEqual(cur.Annotations, want.Annotations) {
-		return false, nil
-	}
-	cur.Spec, cur.Labels, cur.Annotations = want.Spec, want.Labels, want.Annotations
-	if err := c.Client.Update(ctx, cur); err != nil {
+	sameSpec := equality.Semantic.DeepEqual(o.obj.Spec, want.Spec)
+	res, err := spokewrite.Update(ctx, c.Client, r.opts.HubID, o.obj.DeepCopy(), want, func(cur, want *v1alpha2.LLMInferenceService) bool {
+		if sameSpec && equality.Semantic.DeepEqual(cur.Labels, want.Labels) && equality.Semantic.DeepEqual(cur.Annotations, want.Annotations) {
+			return false
+		}
+		cur.Spec, cur.Labels, cur.Annotations = want.Spec, want.Labels, want.Annotations
+		return true
+	})
+	if res != spokewrite.Updated {
 		return false, err
 	}
 	copyWrites.WithLabelValues(c.Name, "update").Inc()
@@ -229,15 +232,12 @@ func (r *Reconciler) ensureCopy(ctx context.Context, c inventory.Cluster, want *
 }
 
 // ensureNamespace creates the service's namespace in the spoke when missing.
-// The hub never deletes namespaces: they may hold anything.
 func (r *Reconciler) ensureNamespace(ctx context.Context, c inventory.Cluster, name string) error {
-	ns := &corev1.Namespace{}
-	err := c.Client.Get(ctx, client.ObjectKey{Name: name}, ns)
+	err := c.Client.Get(ctx, client.ObjectKey{Name: name}, &corev1.Namespace{})
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
-	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: fleetv1alpha1.HubNamespaceLabels(r.opts.HubID)}}
-	return client.IgnoreAlreadyExists(c.Client.Create(ctx, ns))
+	return client.IgnoreAlreadyExists(c.Client.Create(ctx, spokewrite.Namespace(name, r.opts.HubID)))
 }
 
 // ensureConfigs copies the LLMInferenceServiceConfigs the service names in
@@ -260,22 +260,17 @@ func (r *Reconciler) ensureConfigs(ctx context.Context, c inventory.Cluster, svc
 			want.Labels = map[string]string{}
 		}
 		fleetv1alpha1.MarkOwnedByHub(want, r.opts.HubID)
-		cur := &v1alpha2.LLMInferenceServiceConfig{}
-		err := c.Client.Get(ctx, client.ObjectKeyFromObject(want), cur)
-		switch {
-		case apierrors.IsNotFound(err):
-			if err := c.Client.Create(ctx, want); err != nil {
-				return err
+		_, err := spokewrite.Ensure(ctx, c.Client, r.opts.HubID, want, nil, func(cur, want *v1alpha2.LLMInferenceServiceConfig) bool {
+			if equality.Semantic.DeepEqual(cur.Spec, want.Spec) && equality.Semantic.DeepEqual(cur.Labels, want.Labels) {
+				return false
 			}
-		case err != nil:
-			return err
-		case !fleetv1alpha1.IsOwnedByHub(cur, r.opts.HubID):
-			// The spoke has its own config of that name: it wins there.
-		case !equality.Semantic.DeepEqual(cur.Spec, want.Spec) || !equality.Semantic.DeepEqual(cur.Labels, want.Labels):
 			cur.Spec, cur.Labels = want.Spec, want.Labels
-			if err := c.Client.Update(ctx, cur); err != nil {
-				return err
-			}
+			return true
+		})
+		// The spoke's own config of that name wins there.
+		var notOurs *spokewrite.NotOursError
+		if err != nil && !errors.As(err, &notOurs) {
+			return err
 		}
 	}
 	return nil

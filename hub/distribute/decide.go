@@ -90,50 +90,142 @@ type failover struct {
 // runs (see kept) and says why in the Placed condition. Only deleting the
 // service on the hub removes its last copy. An error is returned with an
 // outcome that keeps, so the caller still reports it.
+//
+// The phases run in order on one decideScope; each returns done when the
+// outcome is settled: the placement (selectPlacement), the decision in
+// force while clusters are being engaged, the placement's inputs
+// (placementInputs), the new decision (placeAgain).
 func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceService, clusters []inventory.Cluster, copies map[string]*observed) (outcome, error) {
-	prev := placement.InForce(&svc.Status)
-	running := kept(currentDecision(svc, prev), copies)
-	pl, reason, msg, err := placement.For(ctx, r.hub, svc)
-	if err != nil {
-		if len(running.want) > 0 {
-			return keepOutcome(running, prev, placement.ReasonPlacementUnreadable,
-				fmt.Sprintf("the InferencePlacements of namespace %s cannot be read: %v", svc.Namespace, err)), err
-		}
-		return outcome{}, err
+	s := &decideScope{svc: svc, clusters: clusters, copies: copies, prev: placement.InForce(&svc.Status)}
+	s.running = kept(currentDecision(svc, s.prev), copies)
+	if out, done, err := r.selectPlacement(ctx, s); done {
+		return out, err
 	}
-	if pl == nil && len(running.want) > 0 {
-		return keepOutcome(running, prev, reason, msg), nil
-	}
-	if pl == nil {
-		out := outcome{placed: condition(placement.Placed, corev1.ConditionFalse, reason, msg)}
-		// Without a placement there is no decision in force, but the
-		// clusters failed over stay remembered for when one selects it again.
-		if prev != nil && len(prev.FailedOverClusters) > 0 {
-			out.memory = &v1alpha2.PlacementStatus{FailedOverClusters: prev.FailedOverClusters}
-		}
-		return out, nil
-	}
-	now := r.timeNow()
-	current := currentDecision(svc, prev)
-	current.federation = placement.FederationMode(pl)
-	current.rollout = pl.Spec.Rollout
-	timeout := r.readyTimeout(pl)
-	stuck := stuckNow(prev, pl, svc, current, copies, timeout, now)
-	var previouslyStuck []v1alpha2.StuckCluster
-	if prev != nil {
-		previouslyStuck = prev.StuckClusters
-	}
-	if engaging := engagingClusters(clusters); prev != nil && len(engaging) > 0 {
+	r.observeInForce(s)
+	if engaging := engagingClusters(clusters); s.prev != nil && len(engaging) > 0 {
 		// A hub that began to lead moments ago has not reached these
 		// clusters yet: their copies and capacity are unknown, and a
 		// decision without them could retire a copy elsewhere before
 		// theirs exists. The decision in force stays until they are
 		// engaged or the grace is over (the inventory says so).
-		return inForce(svc, pl, current, prev, stuck, current.message, outcome{requeue: engagingRecheck, readyTimeout: timeout,
-			stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, current.message)}), nil
+		return s.keepInForce(s.current.message, engagingRecheck), nil
 	}
+	if out, done, err := r.placementInputs(ctx, s); done {
+		return out, err
+	}
+	d, err := placement.Decide(s.req, s.inputs)
+	if err != nil {
+		return outcome{placed: condition(placement.Placed, corev1.ConditionFalse, placement.ReasonInvalidPlacement,
+			fmt.Sprintf("InferencePlacement %s: %v", s.pl.Name, err)), memory: s.prev, requeue: s.requeue}, nil
+	}
+	return s.placeAgain(d), nil
+}
+
+// decideScope is what the phases of decide share.
+type decideScope struct {
+	svc      *v1alpha2.LLMInferenceService
+	clusters []inventory.Cluster
+	copies   map[string]*observed
+	// prev is the decision memory in force; running is what runs now, for
+	// an outcome that keeps it (kept).
+	prev    *v1alpha2.PlacementStatus
+	running decision
+	// pl is the placement that selects the service.
+	pl *fleetv1alpha1.InferencePlacement
+	// current is the decision in force with the placement's federation and
+	// rollout.
+	current decision
+	now     time.Time
+	timeout time.Duration
+	// stuck are the clusters Stuck now, previouslyStuck the ones the memory
+	// names.
+	stuck, previouslyStuck []v1alpha2.StuckCluster
+	// fleet is what the placement's inputs were read from, req and inputs
+	// what it decides on; requeue is when they next change with time alone.
+	fleet   placement.Fleet
+	req     placement.Request
+	inputs  []placement.Cluster
+	requeue time.Duration
+}
+
+// selectPlacement finds the placement that selects the service. Without one
+// (or when the placements cannot be read) the outcome is settled: what runs
+// is kept, or the service is not placed.
+func (r *Reconciler) selectPlacement(ctx context.Context, s *decideScope) (outcome, bool, error) {
+	pl, reason, msg, err := placement.For(ctx, r.hub, s.svc)
+	switch {
+	case err != nil && len(s.running.want) > 0:
+		return keepOutcome(s.running, s.prev, placement.ReasonPlacementUnreadable,
+			fmt.Sprintf("the InferencePlacements of namespace %s cannot be read: %v", s.svc.Namespace, err)), true, err
+	case err != nil:
+		return outcome{}, true, err
+	case pl == nil && len(s.running.want) > 0:
+		return keepOutcome(s.running, s.prev, reason, msg), true, nil
+	case pl == nil:
+		out := outcome{placed: condition(placement.Placed, corev1.ConditionFalse, reason, msg)}
+		// Without a placement there is no decision in force, but the
+		// clusters failed over stay remembered for when one selects it again.
+		if s.prev != nil && len(s.prev.FailedOverClusters) > 0 {
+			out.memory = &v1alpha2.PlacementStatus{FailedOverClusters: s.prev.FailedOverClusters}
+		}
+		return out, true, nil
+	}
+	s.pl = pl
+	return outcome{}, false, nil
+}
+
+// observeInForce reads the decision in force under the placement and the
+// clusters whose copy is Stuck now.
+func (r *Reconciler) observeInForce(s *decideScope) {
+	s.now = r.timeNow()
+	s.current = currentDecision(s.svc, s.prev)
+	s.current.federation = placement.FederationMode(s.pl)
+	s.current.rollout = s.pl.Spec.Rollout
+	s.timeout = r.readyTimeout(s.pl)
+	s.stuck = stuckNow(s.prev, s.pl, s.svc, s.current, s.copies, s.timeout, s.now)
+	if s.prev != nil {
+		s.previouslyStuck = s.prev.StuckClusters
+	}
+}
+
+// keepInForce is the outcome that keeps the decision in force (inForce),
+// msg from the placement's decision, looked at again after requeue.
+func (s *decideScope) keepInForce(msg string, requeue time.Duration) outcome {
+	return inForce(s.svc, s.pl, s.current, s.prev, s.stuck, msg, outcome{requeue: requeue, readyTimeout: s.timeout,
+		stuck: describeStuck(s.stuck, s.previouslyStuck, s.current, s.current, s.copies, s.timeout, msg)})
+}
+
+// placementInputs reads what the placement decides on. When they cannot
+// be read the outcome is settled: what runs is kept.
+func (r *Reconciler) placementInputs(ctx context.Context, s *decideScope) (outcome, bool, error) {
+	s.fleet = placement.Fleet{Clusters: s.clusters, Held: s.held(), DefaultToleration: r.opts.DefaultToleration, Now: s.now,
+		ClusterTimeout: r.clusterTimeout(), Stuck: stuckNames(s.stuck), RequireClusterSetBinding: r.opts.RequireClusterSetBinding}
+	if s.prev != nil {
+		s.fleet.FailedOver = s.prev.FailedOverClusters
+	}
+	var err error
+	s.req, s.inputs, s.requeue, err = placement.Inputs(ctx, r.hub, s.pl, s.svc, s.fleet)
+	if err == nil {
+		return outcome{}, false, nil
+	}
+	msg := fmt.Sprintf("InferencePlacement %s: %v", s.pl.Name, err)
+	reason := placement.ReasonOCMDecisionsUnavailable
+	if errors.Is(err, placement.ErrBindingsUnreadable) {
+		reason = placement.ReasonClusterSetBindingsUnreadable
+	}
+	out := outcome{decision: decision{keep: true}, placed: condition(placement.Placed, corev1.ConditionFalse,
+		reason, msg), memory: s.prev}
+	if len(s.running.want) > 0 {
+		out = keepOutcome(s.running, s.prev, reason, msg)
+	}
+	out.requeue = s.requeue
+	return out, true, err
+}
+
+// held is the replicas each cluster holds, for the placement's capacity.
+func (s *decideScope) held() map[string]int32 {
 	held := map[string]int32{}
-	for name, o := range copies {
+	for name, o := range s.copies {
 		switch {
 		case o.ours:
 			held[name] = min(o.readyReplicas, o.replicas)
@@ -142,87 +234,79 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 			// began to lead): its replicas are counted as it last ran
 			// them, so that an unknown capacity does not make the cluster
 			// ineligible within the toleration.
-			held[name] = current.want[name]
+			held[name] = s.current.want[name]
 		}
 	}
-	fleet := placement.Fleet{Clusters: clusters, Held: held, DefaultToleration: r.opts.DefaultToleration, Now: now,
-		ClusterTimeout: r.clusterTimeout(), Stuck: stuckNames(stuck), RequireClusterSetBinding: r.opts.RequireClusterSetBinding}
-	if prev != nil {
-		fleet.FailedOver = prev.FailedOverClusters
-	}
-	req, inputs, requeue, err := placement.Inputs(ctx, r.hub, pl, svc, fleet)
-	if err != nil {
-		msg := fmt.Sprintf("InferencePlacement %s: %v", pl.Name, err)
-		reason := placement.ReasonOCMDecisionsUnavailable
-		if errors.Is(err, placement.ErrBindingsUnreadable) {
-			reason = placement.ReasonClusterSetBindingsUnreadable
-		}
-		out := outcome{decision: decision{keep: true}, placed: condition(placement.Placed, corev1.ConditionFalse,
-			reason, msg), memory: prev}
-		if len(running.want) > 0 {
-			out = keepOutcome(running, prev, reason, msg)
-		}
-		out.requeue = requeue
-		return out, err
-	}
-	d, err := placement.Decide(req, inputs)
-	if err != nil {
-		return outcome{placed: condition(placement.Placed, corev1.ConditionFalse, placement.ReasonInvalidPlacement,
-			fmt.Sprintf("InferencePlacement %s: %v", pl.Name, err)), memory: prev, requeue: requeue}, nil
-	}
-	fp := placement.Fingerprint(pl, svc, d.Eligible)
+	return held
+}
+
+// placeAgain applies the placement's decision d, unless its inputs are the
+// ones in force, a stuck cluster's replicas have nowhere to go, or it
+// would take every cluster from a running service.
+func (s *decideScope) placeAgain(d placement.Decision) outcome {
+	fp := placement.Fingerprint(s.pl, s.svc, d.Eligible)
 	// Replicas that fit nowhere are placed as soon as room appears.
-	morePlaced := current.unplaced > 0 && d.Unplaced < current.unplaced
-	if prev != nil && prev.InputsHash == fp && !morePlaced {
-		return inForce(svc, pl, current, prev, stuck, d.Message,
-			outcome{requeue: requeue, readyTimeout: timeout, stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, d.Message)}), nil
+	morePlaced := s.current.unplaced > 0 && d.Unplaced < s.current.unplaced
+	if s.prev != nil && s.prev.InputsHash == fp && !morePlaced {
+		return s.keepInForce(d.Message, s.requeue)
 	}
 	next := decision{want: map[string]int32{}, reasons: map[string]string{}, unplaced: d.Unplaced, message: d.Message,
-		federation: current.federation, rollout: current.rollout}
+		federation: s.current.federation, rollout: s.current.rollout}
 	for _, c := range d.Clusters {
 		if c.Replicas > 0 {
 			next.want[c.Name], next.reasons[c.Name] = c.Replicas, c.Reason
 		}
 	}
-	if heldBack(stuck, current, next) {
+	if heldBack(s.stuck, s.current, next) {
 		// No other cluster takes a stuck cluster's replicas: nothing moves,
 		// the status says why, and the decision is made again at every
 		// reconcile (its inputs differ from the one in force) until room
 		// appears or the copy turns Ready.
-		return inForce(svc, pl, current, prev, stuck, d.Message, outcome{requeue: placement.MinPositive(requeue, heldRecheck),
-			readyTimeout: timeout, stuck: describeStuck(stuck, previouslyStuck, current, current, copies, timeout, d.Message)}), nil
+		return s.keepInForce(d.Message, placement.MinPositive(s.requeue, heldRecheck))
 	}
 	noEligible := placement.ReasonNoEligibleCluster
-	if req.BoundSets != nil && len(req.BoundSets) == 0 {
+	if s.req.BoundSets != nil && len(s.req.BoundSets) == 0 {
 		noEligible = placement.ReasonNoClusterSetBinding
 		d.Message = fmt.Sprintf("namespace %s has no ClusterSetBinding: its services may be placed only on the clusters of the sets bound to it (fleet.fleetinfer.io/clusterset on a cluster's registration; %q binds every cluster); ask the fleet's administrators for one",
-			svc.Namespace, fleetv1alpha1.GlobalClusterSet)
+			s.svc.Namespace, fleetv1alpha1.GlobalClusterSet)
 	}
-	if len(next.want) == 0 && next.unplaced > 0 && len(running.want) > 0 {
-		// Zero clusters for replicas that are asked for, while the service
-		// runs: an error to report, never a reason to delete what runs.
-		reason, msg := noEligible, fmt.Sprintf("InferencePlacement %s: %s", pl.Name, d.Message)
-		if ref := pl.Spec.Clusters.OCMPlacement; ref != nil && len(req.OCMDecided) == 0 {
-			reason = placement.ReasonOCMDecisionsUnavailable
-			msg = fmt.Sprintf("InferencePlacement %s: OCM Placement %s decided no cluster (it may be recomputing, or lost its ManagedClusterSetBinding)", pl.Name, ref.Name)
-		}
-		out := keepOutcome(running, prev, reason, msg)
-		out.requeue = requeue
-		return out, nil
+	if len(next.want) == 0 && next.unplaced > 0 && len(s.running.want) > 0 {
+		return s.keepForNoCluster(noEligible, d.Message)
 	}
-	out := outcome{decision: next, requeue: requeue, readyTimeout: timeout,
-		stuck: describeStuck(stuck, previouslyStuck, current, next, copies, timeout, d.Message)}
-	out.memory = &v1alpha2.PlacementStatus{PlacementName: pl.Name, InputsHash: fp, UnplacedReplicas: next.unplaced, StuckClusters: stuck,
+	return s.applied(next, fp, d, noEligible)
+}
+
+// keepForNoCluster keeps what runs when the decision chose zero clusters
+// for replicas that are asked for: an error to report, never a reason to
+// delete what runs.
+func (s *decideScope) keepForNoCluster(noEligible, decided string) outcome {
+	reason, msg := noEligible, fmt.Sprintf("InferencePlacement %s: %s", s.pl.Name, decided)
+	if ref := s.pl.Spec.Clusters.OCMPlacement; ref != nil && len(s.req.OCMDecided) == 0 {
+		reason = placement.ReasonOCMDecisionsUnavailable
+		msg = fmt.Sprintf("InferencePlacement %s: OCM Placement %s decided no cluster (it may be recomputing, or lost its ManagedClusterSetBinding)", s.pl.Name, ref.Name)
+	}
+	out := keepOutcome(s.running, s.prev, reason, msg)
+	out.requeue = s.requeue
+	return out
+}
+
+// applied is the outcome of the new decision next (inputs fingerprint fp):
+// its decision memory, failovers and Placed condition.
+func (s *decideScope) applied(next decision, fp string, d placement.Decision, noEligible string) outcome {
+	current, prev := s.current, s.prev
+	out := outcome{decision: next, requeue: s.requeue, readyTimeout: s.timeout,
+		stuck: describeStuck(s.stuck, s.previouslyStuck, current, next, s.copies, s.timeout, d.Message)}
+	out.memory = &v1alpha2.PlacementStatus{PlacementName: s.pl.Name, InputsHash: fp, UnplacedReplicas: next.unplaced, StuckClusters: s.stuck,
 		NotEligible: d.NotEligible}
 	if prev != nil {
 		out.memory.CopyClocks = prev.CopyClocks
 	}
-	out.memory.FailedOverClusters, out.failovers = failedOver(fleet.FailedOver, current, next, clusters)
+	out.memory.FailedOverClusters, out.failovers = failedOver(s.fleet.FailedOver, current, next, s.clusters)
 	changed := !equalWant(current.want, next.want) || current.unplaced != next.unplaced
 	if prev != nil && prev.LastDecisionTime != nil && !changed {
 		out.memory.LastDecisionTime = prev.LastDecisionTime
 	} else {
-		out.memory.LastDecisionTime = ptr.To(metav1.NewTime(now))
+		out.memory.LastDecisionTime = ptr.To(metav1.NewTime(s.now))
 	}
 	if !equalWant(current.want, next.want) {
 		cause := "initial"
@@ -231,14 +315,13 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 		}
 		placementChanges.WithLabelValues(cause).Inc()
 	}
-	switch {
-	case len(next.want) == 0:
+	if len(next.want) == 0 {
 		out.placed = condition(placement.Placed, corev1.ConditionFalse, noEligible,
-			fmt.Sprintf("InferencePlacement %s: %s", pl.Name, d.Message))
-	default:
-		out.placed = placedCondition(pl, next.want, next.unplaced, d.Message)
+			fmt.Sprintf("InferencePlacement %s: %s", s.pl.Name, d.Message))
+	} else {
+		out.placed = placedCondition(s.pl, next.want, next.unplaced, d.Message)
 	}
-	return out, nil
+	return out
 }
 
 // heldRecheck is how often a decision that could not move a stuck

@@ -1,13 +1,26 @@
 // Package distribute is the hub's LLMInferenceService controller. For each
 // service applied to the hub it asks hub/placement where the service runs
-// under the InferencePlacement that selects it (decide.go), writes a copy of
-// the service into each chosen cluster, make-before-break (copies.go), and
-// reports one status with an entry per cluster, the Placed, Distributed and
-// Ready conditions and the decision in force (status.go, pure). Events are
-// recorded in one place, from the conditions' transitions and the
-// decision's failovers. The orphan collector (gc.go) removes copies no hub
-// object accounts for. The hub never touches a spoke object it did not
-// create.
+// under the InferencePlacement that selects it, writes a copy of the service
+// into each chosen cluster, make-before-break, and reports one status with
+// an entry per cluster. The hub never touches a spoke object it did not
+// create. By file:
+//
+//   - reconciler.go: the reconcile pipeline (observe the copies, decide,
+//     plan the rollout, distribute, report, record Events), finalization,
+//     and the Events, recorded in one place from the conditions'
+//     transitions and the decision's failovers.
+//   - decide.go: the decision, in phases on a decideScope; it never empties
+//     a running service.
+//   - stuck.go: application-level failover: a copy not Ready within the
+//     ready timeout is Stuck and its replicas move.
+//   - rollout.go: a Progressive rollout stages a change a few clusters at a
+//     time (RolledOut).
+//   - copies.go: reading and writing the copies and the configs they name
+//     (through hub/internal/spokewrite), and deleting them.
+//   - status.go: report, pure: the per-cluster entries and the Placed,
+//     Distributed and Ready conditions.
+//   - gc.go: the orphan collector removes copies no hub object accounts for.
+//   - setup.go: Setup and the watches.
 package distribute
 
 import (
@@ -28,7 +41,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
@@ -82,6 +94,19 @@ type Options struct {
 	// RequireClusterSetBinding limits each namespace to the clusters of
 	// the sets its ClusterSetBindings bind.
 	RequireClusterSetBinding bool
+	// OrphanInterval is how often the orphan collector sweeps the spokes.
+	OrphanInterval time.Duration
+}
+
+// withDefaults fills the settings left unset.
+func (o Options) withDefaults() Options {
+	if o.ClusterTimeout <= 0 {
+		o.ClusterTimeout = DefaultClusterTimeout
+	}
+	if o.DefaultReadyTimeout <= 0 {
+		o.DefaultReadyTimeout = DefaultReadyTimeout
+	}
+	return o
 }
 
 // FinalizePatience is how long a deleted hub service waits for every
@@ -107,7 +132,7 @@ const DefaultReadyTimeout = 10 * time.Minute
 type Reconciler struct {
 	hub      client.Client
 	clusters inventory.Source
-	// inv feeds the watches with cluster changes (SetupWithManager); a
+	// inv feeds the watches with cluster changes (setupWithManager); a
 	// reconcile reads clusters only through clusters.
 	inv       *inventory.Inventory
 	recorder  record.EventRecorder
@@ -115,15 +140,6 @@ type Reconciler struct {
 	deletions *deletions
 	// now reads the clock (time.Now when nil); tests move it.
 	now func() time.Time
-}
-
-// NewReconciler builds the reconciler on the hub (local) cluster's client.
-func NewReconciler(mgr mcmanager.Manager, inv *inventory.Inventory, opts Options) *Reconciler {
-	local := mgr.GetLocalManager()
-	// Registered, not the engaged clusters alone: a spoke the hub has not
-	// engaged keeps its replicas through the toleration.
-	return &Reconciler{hub: local.GetClient(), clusters: inv.Registered(), inv: inv, recorder: local.GetEventRecorderFor("fleetinfer-hub"),
-		opts: opts, deletions: &deletions{hubID: opts.HubID}}
 }
 
 // OrphanCollector returns the collector of the copies this reconciler's hub
@@ -260,11 +276,10 @@ func (r *Reconciler) timeNow() time.Time {
 	return r.now()
 }
 
+// clusterTimeout is Options.ClusterTimeout, defaulted also for a reconciler
+// that Setup did not build.
 func (r *Reconciler) clusterTimeout() time.Duration {
-	if r.opts.ClusterTimeout <= 0 {
-		return DefaultClusterTimeout
-	}
-	return r.opts.ClusterTimeout
+	return r.opts.withDefaults().ClusterTimeout
 }
 
 // finalize deletes the copies in every reachable cluster. Copies in

@@ -71,16 +71,9 @@ func planRollout(ro fleetv1alpha1.Rollout, d decision, copies map[string]*observ
 	if ro.Strategy != fleetv1alpha1.RolloutProgressive || d.keep {
 		return rolloutPlan{}
 	}
-	minReady := time.Duration(ptr.Deref(ro.MinReadySeconds, 0)) * time.Second
-	deadline := defaultProgressDeadline
-	if s := ro.ProgressDeadlineSeconds; s != nil {
-		deadline = time.Duration(*s) * time.Second
-	}
-	var outdated, notReadyOutdated, updated, inFlight, stalled []string
-	var stallWhy []string
-	plan := rolloutPlan{hold: map[string]bool{}}
-	soon := func(at time.Time) {
-		plan.requeue = placement.MinPositive(plan.requeue, at.Sub(now)+100*time.Millisecond)
+	s := rolloutState{now: now, minReady: time.Duration(ptr.Deref(ro.MinReadySeconds, 0)) * time.Second, deadline: defaultProgressDeadline}
+	if sec := ro.ProgressDeadlineSeconds; sec != nil {
+		s.deadline = time.Duration(*sec) * time.Second
 	}
 	for _, name := range slices.Sorted(maps.Keys(d.want)) {
 		o := copies[name]
@@ -89,74 +82,104 @@ func planRollout(ro fleetv1alpha1.Rollout, d decision, copies map[string]*observ
 			// is written nothing this time anyway.
 			continue
 		}
-		if !sameVersion(o.obj, desired(name)) {
-			// A copy that has been Ready at its generation serves the
-			// previous version even while its status flickers (a
-			// Deployment the controller has not observed yet): it waits
-			// for a slot. Only one that never turned Ready there is
-			// updated at once.
-			clock := clockOf(clocks, name)
-			if o.ready || (clock != nil && clock.Ready && clock.Generation == o.obj.Generation) {
-				outdated = append(outdated, name)
-			} else {
-				notReadyOutdated = append(notReadyOutdated, name)
-			}
-			continue
-		}
-		updated = append(updated, name)
-		clock := clockOf(clocks, name)
-		switch {
-		case o.ready && (clock == nil || clock.ReadySince == nil || !now.Before(clock.ReadySince.Add(minReady))):
-			// Healthy.
-		case o.ready:
-			inFlight = append(inFlight, name)
-			soon(clock.ReadySince.Add(minReady))
-		case clock != nil && !now.Before(clock.AskedAt.Add(deadline)):
-			stalled = append(stalled, name)
-			why := o.message
-			if why == "" {
-				why = "no condition of the copy says why"
-			}
-			stallWhy = append(stallWhy, fmt.Sprintf("%s (%s)", name, why))
-		default:
-			inFlight = append(inFlight, name)
-			if clock != nil {
-				soon(clock.AskedAt.Add(deadline))
-			}
-		}
+		s.classify(name, o, clockOf(clocks, name), desired(name))
 	}
 	for _, st := range stuck {
-		if !slices.Contains(stalled, st.Name) {
-			stalled = append(stalled, st.Name)
-			stallWhy = append(stallWhy, fmt.Sprintf("%s (its copy is Stuck)", st.Name))
+		if !slices.Contains(s.stalled, st.Name) {
+			s.stalled = append(s.stalled, st.Name)
+			s.stallWhy = append(s.stallWhy, fmt.Sprintf("%s (its copy is Stuck)", st.Name))
 		}
 	}
+	return s.plan(ptr.Deref(ro.MaxConcurrentClusters, defaultMaxConcurrent))
+}
+
+// rolloutState is where the chosen clusters' copies stand in a rollout.
+type rolloutState struct {
+	now                time.Time
+	minReady, deadline time.Duration
+	// outdated copies run a previous version and serve it (they wait for a
+	// slot); notReadyOutdated ones serve nothing.
+	outdated, notReadyOutdated []string
+	// updated copies run the current version; of them, inFlight are not
+	// healthy yet and stalled missed the deadline (stallWhy says why).
+	updated, inFlight, stalled, stallWhy []string
+	// requeue is when a verdict next changes with time alone.
+	requeue time.Duration
+}
+
+// classify sorts the copy o of cluster name, whose clock is clock, by
+// whether it runs want's version and how healthily.
+func (s *rolloutState) classify(name string, o *observed, clock *v1alpha2.CopyClock, want *v1alpha2.LLMInferenceService) {
+	if !sameVersion(o.obj, want) {
+		// A copy that has been Ready at its generation serves the
+		// previous version even while its status flickers (a
+		// Deployment the controller has not observed yet): it waits
+		// for a slot. Only one that never turned Ready there is
+		// updated at once.
+		if o.ready || (clock != nil && clock.Ready && clock.Generation == o.obj.Generation) {
+			s.outdated = append(s.outdated, name)
+		} else {
+			s.notReadyOutdated = append(s.notReadyOutdated, name)
+		}
+		return
+	}
+	s.updated = append(s.updated, name)
+	switch {
+	case o.ready && (clock == nil || clock.ReadySince == nil || !s.now.Before(clock.ReadySince.Add(s.minReady))):
+		// Healthy.
+	case o.ready:
+		s.inFlight = append(s.inFlight, name)
+		s.soon(clock.ReadySince.Add(s.minReady))
+	case clock != nil && !s.now.Before(clock.AskedAt.Add(s.deadline)):
+		s.stalled = append(s.stalled, name)
+		why := o.message
+		if why == "" {
+			why = "no condition of the copy says why"
+		}
+		s.stallWhy = append(s.stallWhy, fmt.Sprintf("%s (%s)", name, why))
+	default:
+		s.inFlight = append(s.inFlight, name)
+		if clock != nil {
+			s.soon(clock.AskedAt.Add(s.deadline))
+		}
+	}
+}
+
+// soon makes the plan be looked at again just after at.
+func (s *rolloutState) soon(at time.Time) {
+	s.requeue = placement.MinPositive(s.requeue, at.Sub(s.now)+100*time.Millisecond)
+}
+
+// plan updates as many outdated copies as maxConcurrent clusters allow,
+// holds the rest, and sets RolledOut.
+func (s *rolloutState) plan(maxConcurrent int32) rolloutPlan {
+	plan := rolloutPlan{hold: map[string]bool{}, requeue: s.requeue}
 	// Copies that are not Ready are updated at once, outside the limit:
 	// they serve nothing the update could take away, and a fix reaches
 	// the clusters a bad version broke first.
-	waiting := append(notReadyOutdated, outdated...)
+	waiting := append(s.notReadyOutdated, s.outdated...)
 	slots := 0
-	if len(stalled) == 0 {
-		slots = len(notReadyOutdated) + max(int(ptr.Deref(ro.MaxConcurrentClusters, defaultMaxConcurrent))-len(inFlight), 0)
+	if len(s.stalled) == 0 {
+		slots = len(s.notReadyOutdated) + max(int(maxConcurrent)-len(s.inFlight), 0)
 	}
 	next := waiting[:min(slots, len(waiting))]
 	held := waiting[len(next):]
 	for _, name := range held {
 		plan.hold[name] = true
 	}
-	total := len(updated) + len(waiting)
+	total := len(s.updated) + len(waiting)
 	switch {
-	case len(stalled) > 0:
+	case len(s.stalled) > 0:
 		plan.condition = condition(RolledOut, corev1.ConditionFalse, ReasonRolloutStalled, fmt.Sprintf(
 			"the current version is not Ready within %s in %s; %s keep the previous version until the service changes again",
-			deadline, strings.Join(stallWhy, "; "), listOrNone(held)))
-	case len(waiting) > 0 || len(inFlight) > 0:
+			s.deadline, strings.Join(s.stallWhy, "; "), listOrNone(held)))
+	case len(waiting) > 0 || len(s.inFlight) > 0:
 		plan.condition = condition(RolledOut, corev1.ConditionFalse, ReasonRolloutProgressing, fmt.Sprintf(
 			"%d/%d clusters run the current version; not yet Ready%s: %s; waiting: %s",
-			len(updated)+len(next), total, readyForSuffix(minReady), listOrNone(append(slices.Clone(inFlight), next...)), listOrNone(held)))
+			len(s.updated)+len(next), total, readyForSuffix(s.minReady), listOrNone(append(slices.Clone(s.inFlight), next...)), listOrNone(held)))
 	default:
 		plan.condition = condition(RolledOut, corev1.ConditionTrue, ReasonRolledOut,
-			fmt.Sprintf("every cluster (%s) runs the current version", listOrNone(updated)))
+			fmt.Sprintf("every cluster (%s) runs the current version", listOrNone(s.updated)))
 	}
 	return plan
 }

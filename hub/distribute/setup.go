@@ -14,13 +14,27 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/component"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 )
 
-// SetupWithManager registers the reconciler: hub services and placements
+// Setup registers the reconciler and its orphan collector.
+func Setup(ctx context.Context, deps component.Deps, opts Options) error {
+	opts = opts.withDefaults()
+	// Registered, not the engaged clusters alone: a spoke the hub has not
+	// engaged keeps its replicas through the toleration.
+	r := &Reconciler{hub: deps.Hub(), clusters: deps.Inventory.Registered(), inv: deps.Inventory, recorder: deps.Recorder(),
+		opts: opts, deletions: &deletions{hubID: opts.HubID}}
+	if err := r.setupWithManager(ctx, deps.Manager); err != nil {
+		return err
+	}
+	return deps.Manager.GetLocalManager().Add(r.OrphanCollector(opts.OrphanInterval))
+}
+
+// setupWithManager registers the reconciler: hub services and placements
 // are watched on the hub; copies in the spokes map back to their hub
 // service; the inventory's availability changes re-run every service.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
+func (r *Reconciler) setupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	b := mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-llminferenceservice").
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{MaxConcurrentReconciles: r.opts.Workers}).

@@ -2,7 +2,8 @@ package distribute
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,20 +29,44 @@ const (
 // the hub's addresses are the ready copies' URLs.
 func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory.Cluster, copies map[string]*observed) {
 	st := &svc.Status
-	d := out.decision
 	if out.placed != nil {
 		st.SetCondition(*out.placed)
 	}
 	placement.Record(st, out.memory)
-	var entries []v1alpha2.ClusterStatus
-	var conflicts, unreachable, pending, notReady []string
-	var placedClusters, readyClusters int32
+	t := tallyClusters(svc, out, clusters, copies)
+	st.Clusters = t.entries
+	st.PlacedClusters, st.ReadyClusters = ptr.To(t.placed), ptr.To(t.ready)
+	reportDistributed(svc, out.decision, t)
+	reportReady(st, out.decision, t)
+	switch {
+	case out.keep:
+		// A kept decision writes nothing: the rollout stands where it was.
+	case out.staged.condition != nil:
+		st.SetCondition(*out.staged.condition)
+	default:
+		st.ClearCondition(RolledOut)
+	}
+	reportAddresses(st, t.entries)
+}
+
+// clusterTally is the per-cluster entries of the status and what the
+// conditions roll up from them.
+type clusterTally struct {
+	entries                                   []v1alpha2.ClusterStatus
+	conflicts, unreachable, pending, notReady []string
+	// placed and ready count the chosen clusters, and those Running.
+	placed, ready int32
+}
+
+// tallyClusters builds an entry for every cluster the decision chooses or
+// that holds a copy of this hub, sorted by name.
+func tallyClusters(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory.Cluster, copies map[string]*observed) clusterTally {
 	available := map[string]bool{}
 	for _, c := range clusters {
 		available[c.Name] = c.Available()
 	}
 	names := map[string]bool{}
-	for n := range d.want {
+	for n := range out.want {
 		names[n] = true
 	}
 	for n, o := range copies {
@@ -49,82 +74,94 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 			names[n] = true
 		}
 	}
-	sorted := make([]string, 0, len(names))
-	for n := range names {
-		sorted = append(sorted, n)
-	}
-	sort.Strings(sorted)
-	for _, n := range sorted {
+	var t clusterTally
+	for _, n := range slices.Sorted(maps.Keys(names)) {
 		o := copies[n]
 		if o == nil {
 			o = &observed{err: fmt.Errorf("cluster %s is not registered", n)}
 		}
-		want, chosen := d.want[n]
-		stuckMsg, stuck := stuckMessage(out.stuck, n)
-		e := v1alpha2.ClusterStatus{Name: n, DesiredReplicas: want, PlacementReason: d.reasons[n],
-			ReadyReplicas: o.readyReplicas, Ready: o.ready, URL: o.url, Message: o.message}
-		switch {
-		case !available[n] || o.err != nil:
-			e.Phase = PhaseUnreachable
-			if o.err != nil {
-				e.Message = o.err.Error()
+		_, chosen := out.want[n]
+		e := t.entry(svc, n, o, out, available[n])
+		if chosen {
+			t.placed++
+			if e.Phase == PhaseRunning {
+				t.ready++
+			} else {
+				t.notReady = append(t.notReady, n)
 			}
-			if chosen {
-				unreachable = append(unreachable, n)
-			}
-		case chosen && o.exists && !o.ours:
-			e.Phase, e.Ready, e.URL = PhaseConflict, false, ""
-			e.Message = fmt.Sprintf("LLMInferenceService %s/%s already exists in this cluster and was not created by the hub; it is left alone", svc.Namespace, svc.Name)
-			conflicts = append(conflicts, n)
-		case o.terminating && chosen:
-			e.Phase = PhaseTerminating
-			e.Message = "the copy is being deleted; its replicas do not count until it is gone"
-			pending = append(pending, n+" (terminating)")
-		case stuck:
-			e.Phase, e.Message = PhaseStuck, stuckMsg
-			if !chosen {
-				pending = append(pending, n+" (stuck, leaving)")
-			}
-		case !chosen:
-			e.Phase = PhaseLeaving
-			e.Message = "kept until the clusters of the new placement are ready"
-			pending = append(pending, n+" (leaving)")
-		case !o.exists || o.replicas != want:
-			e.Phase = PhasePlacing
-			pending = append(pending, n)
-		case o.ready && o.readyReplicas >= want:
-			e.Phase = PhaseRunning
-		default:
-			e.Phase = PhasePlacing
+		}
+		t.entries = append(t.entries, e)
+	}
+	return t
+}
+
+// entry is the status entry of cluster n, whose copy is o; what keeps it
+// from Running is noted for the Distributed condition.
+func (t *clusterTally) entry(svc *v1alpha2.LLMInferenceService, n string, o *observed, out outcome, available bool) v1alpha2.ClusterStatus {
+	want, chosen := out.want[n]
+	stuckMsg, stuck := stuckMessage(out.stuck, n)
+	e := v1alpha2.ClusterStatus{Name: n, DesiredReplicas: want, PlacementReason: out.reasons[n],
+		ReadyReplicas: o.readyReplicas, Ready: o.ready, URL: o.url, Message: o.message}
+	switch {
+	case !available || o.err != nil:
+		e.Phase = PhaseUnreachable
+		if o.err != nil {
+			e.Message = o.err.Error()
 		}
 		if chosen {
-			placedClusters++
-			if e.Phase == PhaseRunning {
-				readyClusters++
-			} else {
-				notReady = append(notReady, n)
-			}
+			t.unreachable = append(t.unreachable, n)
 		}
-		entries = append(entries, e)
+	case chosen && o.exists && !o.ours:
+		e.Phase, e.Ready, e.URL = PhaseConflict, false, ""
+		e.Message = fmt.Sprintf("LLMInferenceService %s/%s already exists in this cluster and was not created by the hub; it is left alone", svc.Namespace, svc.Name)
+		t.conflicts = append(t.conflicts, n)
+	case o.terminating && chosen:
+		e.Phase = PhaseTerminating
+		e.Message = "the copy is being deleted; its replicas do not count until it is gone"
+		t.pending = append(t.pending, n+" (terminating)")
+	case stuck:
+		e.Phase, e.Message = PhaseStuck, stuckMsg
+		if !chosen {
+			t.pending = append(t.pending, n+" (stuck, leaving)")
+		}
+	case !chosen:
+		e.Phase = PhaseLeaving
+		e.Message = "kept until the clusters of the new placement are ready"
+		t.pending = append(t.pending, n+" (leaving)")
+	case !o.exists || o.replicas != want:
+		e.Phase = PhasePlacing
+		t.pending = append(t.pending, n)
+	case o.ready && o.readyReplicas >= want:
+		e.Phase = PhaseRunning
+	default:
+		e.Phase = PhasePlacing
 	}
-	st.Clusters = entries
-	st.PlacedClusters, st.ReadyClusters = ptr.To(placedClusters), ptr.To(readyClusters)
+	return e
+}
 
+// reportDistributed sets the Distributed condition: whether every chosen
+// cluster holds its copy, and no other copy is left to retire.
+func reportDistributed(svc *v1alpha2.LLMInferenceService, d decision, t clusterTally) {
+	st := &svc.Status
 	switch {
-	case len(d.want) == 0 && len(entries) == 0:
+	case len(d.want) == 0 && len(t.entries) == 0:
 		st.ClearCondition(Distributed)
-	case len(conflicts) > 0:
+	case len(t.conflicts) > 0:
 		st.MarkFalse(Distributed, ReasonConflict, "LLMInferenceService %s/%s exists in cluster(s) %s and was not created by the hub; rename it there or delete it",
-			svc.Namespace, svc.Name, strings.Join(conflicts, ", "))
-	case len(unreachable) > 0:
-		st.MarkFalse(Distributed, ReasonUnreachable, "cluster(s) %s cannot be reached", strings.Join(unreachable, ", "))
-	case len(pending) > 0:
-		st.MarkFalse(Distributed, ReasonInProgress, "copies being written or retired: %s", strings.Join(pending, ", "))
+			svc.Namespace, svc.Name, strings.Join(t.conflicts, ", "))
+	case len(t.unreachable) > 0:
+		st.MarkFalse(Distributed, ReasonUnreachable, "cluster(s) %s cannot be reached", strings.Join(t.unreachable, ", "))
+	case len(t.pending) > 0:
+		st.MarkFalse(Distributed, ReasonInProgress, "copies being written or retired: %s", strings.Join(t.pending, ", "))
 	default:
 		st.SetCondition(v1alpha2.Condition{Type: Distributed, Status: corev1.ConditionTrue, Reason: "Distributed",
 			Message: fmt.Sprintf("copies in %s", clusterNames(d.want))})
 	}
+}
 
+// reportReady sets the Ready condition: True when every chosen cluster
+// runs its copy; otherwise why not, cluster by cluster.
+func reportReady(st *v1alpha2.LLMInferenceServiceStatus, d decision, t clusterTally) {
 	switch {
 	case len(d.want) == 0:
 		if c := st.GetCondition(placement.Placed); c != nil && c.Status == corev1.ConditionFalse {
@@ -132,9 +169,9 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 		} else {
 			st.MarkFalse(v1alpha2.Ready, ReasonClustersNotReady, "the service runs in no cluster")
 		}
-	case len(notReady) > 0:
+	case len(t.notReady) > 0:
 		var details []string
-		for _, e := range entries {
+		for _, e := range t.entries {
 			if _, chosen := d.want[e.Name]; chosen && e.Phase != PhaseRunning {
 				msg := fmt.Sprintf("%s %d/%d ready", e.Name, e.ReadyReplicas, e.DesiredReplicas)
 				if e.Message != "" {
@@ -147,16 +184,11 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 	default:
 		st.MarkTrue(v1alpha2.Ready)
 	}
+}
 
-	switch {
-	case d.keep:
-		// A kept decision writes nothing: the rollout stands where it was.
-	case out.staged.condition != nil:
-		st.SetCondition(*out.staged.condition)
-	default:
-		st.ClearCondition(RolledOut)
-	}
-
+// reportAddresses lists the Running copies' URLs as the service's
+// addresses; the first is its URL.
+func reportAddresses(st *v1alpha2.LLMInferenceServiceStatus, entries []v1alpha2.ClusterStatus) {
 	st.Addresses, st.URL = nil, nil
 	for _, e := range entries {
 		if e.Phase == PhaseRunning && e.URL != "" {

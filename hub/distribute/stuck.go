@@ -55,10 +55,7 @@ func (r *Reconciler) readyTimeout(pl *fleetv1alpha1.InferencePlacement) time.Dur
 	if s := pl.Spec.Failover.ReadyTimeoutSeconds; s != nil {
 		return time.Duration(*s) * time.Second
 	}
-	if r.opts.DefaultReadyTimeout > 0 {
-		return r.opts.DefaultReadyTimeout
-	}
-	return DefaultReadyTimeout
+	return r.opts.withDefaults().DefaultReadyTimeout
 }
 
 // stuckNow returns the stuck clusters of the service, sorted: the ones

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -35,6 +34,8 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/component"
+	"github.com/fleetinfer/fleetinfer/hub/internal/spokewrite"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -180,25 +181,22 @@ func markExported(ctx context.Context, c client.Client, p *igwapiv1.InferencePoo
 // records the exporting clusters in the hub's controller entry; a cluster in
 // unread that the entry lists stays listed.
 func (r *Reconciler) ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, exporting []string, unread map[string]bool) error {
-	imp := &igwapixv1alpha1.InferencePoolImport{}
-	err := c.Get(ctx, key, imp)
+	imp := &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
+		Labels: fleetv1alpha1.OwnedByHubLabels(r.HubID)}}
+	createNamespace := func() error {
+		return client.IgnoreAlreadyExists(c.Create(ctx, spokewrite.Namespace(key.Namespace, r.HubID)))
+	}
+	// The import's content is its status, written below: the object itself
+	// is only created.
+	_, err := spokewrite.Ensure(ctx, c, r.HubID, imp, createNamespace, func(_, _ *igwapixv1alpha1.InferencePoolImport) bool { return false })
+	var notOurs *spokewrite.NotOursError
 	switch {
-	case apierrors.IsNotFound(err):
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace, Labels: fleetv1alpha1.HubNamespaceLabels(r.HubID)}}
-		if err := client.IgnoreAlreadyExists(c.Create(ctx, ns)); err != nil {
-			return err
-		}
-		imp = &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
-			Labels: fleetv1alpha1.OwnedByHubLabels(r.HubID)}}
-		if err := c.Create(ctx, imp); err != nil {
-			return err
-		}
 	case meta.IsNoMatchError(err):
 		return nil // the member has no InferencePoolImport API
+	case errors.As(err, &notOurs):
+		return nil // someone else's import of that name
 	case err != nil:
 		return err
-	case !fleetv1alpha1.IsOwnedByHub(imp, r.HubID):
-		return nil // someone else's import of that name
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := c.Get(ctx, key, imp); err != nil {
@@ -247,10 +245,22 @@ func (r *Reconciler) withdraw(ctx context.Context, c client.Client, key client.O
 	return client.IgnoreNotFound(c.Delete(ctx, imp))
 }
 
-// SetupWithManager registers the reconciler: pools and imports in every
+// Options configure the reconciler.
+type Options struct {
+	// HubID is this hub's identity (Reconciler.HubID).
+	HubID string
+}
+
+// Setup registers the reconciler.
+func Setup(ctx context.Context, deps component.Deps, opts Options) error {
+	r := &Reconciler{Clusters: deps.Inventory, HubID: opts.HubID}
+	return r.setupWithManager(ctx, deps.Manager, deps.Inventory)
+}
+
+// setupWithManager registers the reconciler: pools and imports in every
 // cluster map to their namespace/name; cluster changes re-run every pool a
 // cluster knows.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
+func (r *Reconciler) setupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-inferencepool-export").
 		Watches(&igwapiv1.InferencePool{}, watch.SameKey, watch.OnSpokes...).

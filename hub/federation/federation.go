@@ -1,10 +1,13 @@
 // Package federation federates the endpoint pickers of a placed service.
 // For each cluster that runs a copy of the service with federation on, it
 // writes next to the copy a peer directory (a ConfigMap in the format of
-// fleetv1alpha1.PeerDirectory) naming the pickers of the same service in the
-// other clusters, and an mTLS certificate for the picker's own identity (a
-// Secret) signed by the hub's federation CA (package ca). Both are owned by
-// the copy, so the spoke's garbage collector removes them with it.
+// fleetv1alpha1.PeerDirectory, directory.go) naming the pickers of the same
+// service in the other clusters, and an mTLS certificate for the picker's
+// own identity (a Secret, certificates.go) signed by the hub's federation
+// CA (package ca). Both are owned by the copy, so the spoke's garbage
+// collector removes them with it. A cluster that only imports the
+// service's pool (hub/export) gets the same, as a subscribe-only peer
+// (importers.go). Setup and the watches are in setup.go.
 //
 // The hub reads only copies: each spoke reports on its copy's
 // status.federation where its picker's federation server listens and, for
@@ -37,6 +40,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
+	"github.com/fleetinfer/fleetinfer/hub/internal/spokewrite"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
@@ -72,6 +76,13 @@ type Options struct {
 	// HubID is this hub's identity (fleetv1alpha1.HubIDLabel): it writes
 	// and removes only what carries it, next to copies that carry it.
 	HubID string
+	// Namespace holds the clusters' registrations and the federation CA's
+	// Secret, CASecret.
+	Namespace string
+	CASecret  string
+	// CAOverlap is how long each phase of a CA rotation lasts
+	// (ca.Authority.Overlap).
+	CAOverlap time.Duration
 }
 
 // Reconciler publishes the peer directories and certificates of one hub
@@ -227,52 +238,46 @@ func (r *Reconciler) childMeta(svc *v1alpha2.LLMInferenceService, m member, name
 }
 
 // apply creates want or updates the existing object through mutate, which
-// reports whether it changed anything. An object of that name the hub did
-// not create is left alone and reported.
+// reports whether it changed anything; an owner that differs from want's
+// (the copy was replaced) is followed, or the old copy's GC takes the
+// object. An object of that name the hub did not create is left alone and
+// reported.
 func apply[T client.Object](ctx context.Context, r *Reconciler, svc *v1alpha2.LLMInferenceService, m member, want T, mutate func(T) bool) (bool, error) {
-	c := m.cluster.Client
-	cur := want.DeepCopyObject().(T)
-	err := c.Get(ctx, client.ObjectKeyFromObject(want), cur)
-	if apierrors.IsNotFound(err) {
-		err = c.Create(ctx, want)
-		if apierrors.IsAlreadyExists(err) {
-			// The cache holds only what the hub labelled, and may lag what it
-			// just wrote: only the API server can tell whose this is.
-			if err := m.cluster.Reader.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
-				return false, err
-			}
-			if fleetv1alpha1.IsOwnedByHub(cur, r.Opts.HubID) {
-				return false, fmt.Errorf("%s is not in the cache yet", kindOf(want))
-			}
-			r.notOurs(svc, m, cur)
-			return false, nil
+	res, err := spokewrite.Ensure(ctx, m.cluster.Client, r.Opts.HubID, want, nil, func(cur, want T) bool {
+		changed := mutate(cur)
+		if !equality.Semantic.DeepEqual(cur.GetOwnerReferences(), want.GetOwnerReferences()) {
+			cur.SetOwnerReferences(want.GetOwnerReferences())
+			changed = true
 		}
-		if err == nil {
-			federationWrites.WithLabelValues(m.cluster.Name, kindOf(want)).Inc()
-		}
-		return err == nil, err
-	}
-	if err != nil {
-		return false, err
-	}
-	if !fleetv1alpha1.IsOwnedByHub(cur, r.Opts.HubID) {
-		r.notOurs(svc, m, cur)
+		return changed
+	})
+	var notOurs *spokewrite.NotOursError
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		return false, alreadyExists(ctx, r, svc, m, want)
+	case errors.As(err, &notOurs):
+		r.notOurs(svc, m, notOurs.Object)
 		return false, nil
-	}
-	changed := mutate(cur)
-	if !equality.Semantic.DeepEqual(cur.GetOwnerReferences(), want.GetOwnerReferences()) {
-		// The copy was replaced: follow the new one, or its GC takes this.
-		cur.SetOwnerReferences(want.GetOwnerReferences())
-		changed = true
-	}
-	if !changed {
-		return false, nil
-	}
-	if err := c.Update(ctx, cur); err != nil {
+	case err != nil || res == spokewrite.Unchanged:
 		return false, err
 	}
 	federationWrites.WithLabelValues(m.cluster.Name, kindOf(want)).Inc()
 	return true, nil
+}
+
+// alreadyExists handles a create of want that found the object there. The
+// cache holds only what the hub labelled, and may lag what it just wrote:
+// only the API server can tell whose this is.
+func alreadyExists[T client.Object](ctx context.Context, r *Reconciler, svc *v1alpha2.LLMInferenceService, m member, want T) error {
+	cur := want.DeepCopyObject().(T)
+	if err := m.cluster.Reader.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
+		return err
+	}
+	if fleetv1alpha1.IsOwnedByHub(cur, r.Opts.HubID) {
+		return fmt.Errorf("%s is not in the cache yet", kindOf(want))
+	}
+	r.notOurs(svc, m, cur)
+	return nil
 }
 
 // notOurs reports an object in the way of what the hub publishes.

@@ -16,6 +16,8 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
+	"github.com/fleetinfer/fleetinfer/hub/internal/component"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -31,13 +33,23 @@ func SpokeCache() map[client.Object]cache.ByObject {
 	}
 }
 
-// SetupWithManager registers the reconciler. A service is reconciled when it
+// Setup registers the reconciler, with the federation CA kept in the Secret
+// opts.CASecret of opts.Namespace.
+func Setup(ctx context.Context, deps component.Deps, opts Options) error {
+	r := &Reconciler{Hub: deps.Hub(), Inv: deps.Inventory, Recorder: deps.Recorder(),
+		CA: &ca.Authority{Client: deps.Hub(), Reader: deps.HubReader(),
+			Secret: client.ObjectKey{Namespace: opts.Namespace, Name: opts.CASecret}, Overlap: opts.CAOverlap},
+		Opts: opts}
+	return r.setupWithManager(ctx, deps.Manager, deps.Inventory, opts.Namespace)
+}
+
+// setupWithManager registers the reconciler. A service is reconciled when it
 // or its copies change (a copy's status carries its picker's and gateway's
 // addresses), when a published object changes, when the CA changes, when
 // inv reports clusters coming, going, failing or recovering, and when a
 // cluster's registration in ns is relabelled (its pod network decides the
 // mode its peers reach it in).
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory, ns string) error {
+func (r *Reconciler) setupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory, ns string) error {
 	b := mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-federation").
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{MaxConcurrentReconciles: r.Opts.Workers}).

@@ -4,6 +4,8 @@
 // Secret), and whether each is available: the hub probes every cluster's API
 // server itself and also honours the registration's own verdict (OCM's
 // ManagedClusterConditionAvailable, ClusterProfile's ControlPlaneHealthy).
+// Since when each lost cluster has been unavailable is recorded on the hub
+// (record.go), so a restarted hub counts the failover toleration on.
 package inventory
 
 import (

@@ -24,6 +24,7 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/hub/internal/component"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
@@ -38,7 +39,8 @@ type Reconciler struct {
 	Clusters interface {
 		Cluster(ctx context.Context, name string) (inventory.Cluster, bool)
 	}
-	// ClusterTimeout bounds the read of a cluster's capacity report.
+	// ClusterTimeout bounds the read of a cluster's capacity report
+	// (Options.ClusterTimeout).
 	ClusterTimeout time.Duration
 }
 
@@ -106,14 +108,33 @@ func Status(cur fleetv1alpha1.MemberClusterStatus, c inventory.Cluster, capacity
 	return st
 }
 
-// SetupWithManager registers the reconciler: MemberClusters on the hub,
+// Options configure the reconciler.
+type Options struct {
+	// ClusterTimeout bounds the read of a cluster's capacity report
+	// (5 s when unset).
+	ClusterTimeout time.Duration
+}
+
+// withDefaults fills the settings left unset.
+func (o Options) withDefaults() Options {
+	if o.ClusterTimeout <= 0 {
+		o.ClusterTimeout = 5 * time.Second
+	}
+	return o
+}
+
+// Setup registers the reconciler.
+func Setup(ctx context.Context, deps component.Deps, opts Options) error {
+	opts = opts.withDefaults()
+	r := &Reconciler{Hub: deps.Hub(), Clusters: deps.Inventory, ClusterTimeout: opts.ClusterTimeout}
+	return r.setupWithManager(ctx, deps.Manager, deps.Inventory)
+}
+
+// setupWithManager registers the reconciler: MemberClusters on the hub,
 // capacity reports in the spokes (each mapped to its cluster's
 // MemberCluster), and the inventory's changes (a cluster joining, leaving,
 // failing or recovering) for every cluster engaged or with a MemberCluster.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
-	if r.ClusterTimeout <= 0 {
-		r.ClusterTimeout = 5 * time.Second
-	}
+func (r *Reconciler) setupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory) error {
 	toMember := func(name multicluster.ClusterName, _ cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
 		return handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, client.Object) []mcreconcile.Request {
 			return []mcreconcile.Request{watch.Request("", string(name))}

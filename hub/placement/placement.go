@@ -7,8 +7,10 @@
 // selects a service, what one replica needs, each cluster's capacity,
 // health within the failover toleration, an OCM Placement's decisions), as
 // is the decision memory the hub keeps on the service (memory.go:
-// status.placement) and the InferencePlacement status (status.go). The
-// hub's distribute controller applies the decision.
+// status.placement). The InferencePlacement status controller (status.go,
+// with Setup) summarizes the services' decisions and judges the
+// EndpointMode condition (endpointmode.go). The hub's distribute
+// controller applies the decision.
 package placement
 
 import (

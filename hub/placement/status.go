@@ -21,6 +21,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/component"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -151,10 +152,22 @@ func (r *StatusReconciler) recordEndpointMode(p *fleetv1alpha1.InferencePlacemen
 	r.Recorder.Event(p, kind, is.Reason, is.Message)
 }
 
-// SetupWithManager registers the reconciler on the hub. Clusters joining,
+// Options configure the status reconciler.
+type Options struct {
+	// Namespace holds the clusters' registrations.
+	Namespace string
+}
+
+// Setup registers the status reconciler on the hub.
+func Setup(ctx context.Context, deps component.Deps, opts Options) error {
+	r := &StatusReconciler{Hub: deps.Hub(), Clusters: deps.Inventory, Recorder: deps.Recorder()}
+	return r.setupWithManager(ctx, deps.Manager, deps.Inventory, opts.Namespace)
+}
+
+// setupWithManager registers the reconciler on the hub. Clusters joining,
 // leaving or relabelled (their registrations in ns) re-run every placement:
 // the EndpointMode condition reads their labels.
-func (r *StatusReconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory, ns string) error {
+func (r *StatusReconciler) setupWithManager(ctx context.Context, mgr mcmanager.Manager, inv *inventory.Inventory, ns string) error {
 	b := mcbuilder.ControllerManagedBy(mgr).
 		Named("hub-inferenceplacement-status").
 		For(&fleetv1alpha1.InferencePlacement{}, watch.ForHub...).
