@@ -180,9 +180,8 @@ func TestAnUpgradedHubKeepsTheDecisionInForce(t *testing.T) {
 	pl := placementOf(fleetv1alpha1.Duplicated, "a", "b")
 	hash := placement.Fingerprint(pl, svc, []string{"a", "b"})
 	svc.Status.Annotations = map[string]string{"fleet.fleetinfer.io/placement-inputs": hash, "fleet.fleetinfer.io/failed-over": "c"}
-	namespace := func() *corev1.Namespace { return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}} }
 	f := newFleet(t, []client.Object{svc, pl}, map[string][]client.Object{
-		"a": {namespace(), hubCopy("llama", 2)}, "b": {namespace(), hubCopy("llama", 2)}})
+		"a": {hubtest.Namespace(ns, nil), hubCopy("llama", 2)}, "b": {hubtest.Namespace(ns, nil), hubCopy("llama", 2)}})
 
 	f.reconcile("llama")
 	if w := f.Writes(); len(w) != 1 || len(w[hubtest.HubName]) != 1 {

@@ -19,6 +19,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
@@ -304,10 +305,7 @@ func TestANewLeaderDecidesNothingWhileItIsStillEngagingClusters(t *testing.T) {
 
 // eightH100s is a capacity report of one node with 8 free H100s.
 func eightH100s() *fleetv1alpha1.ClusterCapacity {
-	return &fleetv1alpha1.ClusterCapacity{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.ClusterCapacityName},
-		Status: fleetv1alpha1.ClusterCapacityStatus{Accelerators: []fleetv1alpha1.AcceleratorCapacity{{
-			Product: "H100", Resource: "nvidia.com/gpu", Nodes: 1, Allocatable: 8, Free: 8, LargestFreeOnNode: 8,
-			FreeNodes: []fleetv1alpha1.FreeBucket{{Free: 8, Nodes: 1}}}}}}
+	return hubtest.Capacity(hubtest.GPUNode("nvidia.com/gpu", "H100", 8, 8))
 }
 
 // gpuService is service with one GPU per replica.

@@ -16,6 +16,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
@@ -31,14 +32,13 @@ func runningFleet(t *testing.T, gpus *fleetv1alpha1.InferencePlacement, hubObjs 
 		svc.Status.Placement.InputsHash = placement.Fingerprint(gpus, svc, []string{"a", "b"})
 		hubObjs = append(hubObjs, gpus)
 	}
-	namespace := func() *corev1.Namespace { return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}} }
 	copyIn := func(cluster string) *v1alpha2.LLMInferenceService {
 		cp := hubCopy("llama", 2)
 		cp.UID = types.UID("uid-copy-" + cluster) // the hub remembers deletions by UID
 		return cp
 	}
 	return newFleet(t, append(hubObjs, svc), map[string][]client.Object{
-		"a": {namespace(), copyIn("a")}, "b": {namespace(), copyIn("b")}})
+		"a": {hubtest.Namespace(ns, nil), copyIn("a")}, "b": {hubtest.Namespace(ns, nil), copyIn("b")}})
 }
 
 // A decision that fails, or that chooses no cluster, while the service runs

@@ -254,18 +254,18 @@ func TestTheNamespaceIsCreatedWhereItIsMissing(t *testing.T) {
 		want   map[string]map[string]string // each cluster's namespace labels afterwards
 	}{{
 		name:   "a member without the namespace gets it, labelled as the hub's, with its Pod Security level",
-		spokes: []*hubtest.Spoke{member("a", exportedPool(), namespace(theirs)), member("b")},
+		spokes: []*hubtest.Spoke{member("a", exportedPool(), hubtest.Namespace(ns, theirs)), member("b")},
 		want:   map[string]map[string]string{"a": theirs, "b": fleetv1alpha1.HubNamespaceLabels(hubtest.HubID)},
 	}, {
 		name:   "a namespace that exists stays as it is, unlabelled",
-		spokes: []*hubtest.Spoke{member("a", exportedPool(), namespace(theirs)), member("b", namespace(nil))},
+		spokes: []*hubtest.Spoke{member("a", exportedPool(), hubtest.Namespace(ns, theirs)), member("b", hubtest.Namespace(ns, nil))},
 		want:   map[string]map[string]string{"a": theirs, "b": nil},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFleet(t, tc.spokes...)
 			f.reconcile()
 			for cl, want := range tc.want {
-				n := namespace(nil)
+				n := hubtest.Namespace(ns, nil)
 				if !f.Get(cl, client.ObjectKey{Name: ns}, n) {
 					t.Errorf("%s has no namespace %s", cl, ns)
 					continue

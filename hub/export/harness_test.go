@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -193,8 +192,4 @@ func ownImport(labels map[string]string) *igwapixv1alpha1.InferencePoolImport {
 		Status: igwapixv1alpha1.InferencePoolImportStatus{Controllers: []igwapixv1alpha1.ImportController{{
 			Name: "example.net/import", ExportingClusters: []igwapixv1alpha1.ExportingCluster{{Name: "elsewhere"}}}}},
 	}
-}
-
-func namespace(labels map[string]string) *corev1.Namespace {
-	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}
 }

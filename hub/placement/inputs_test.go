@@ -7,11 +7,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
@@ -83,22 +83,15 @@ func TestNeedOfCountsAsTheSpokesCapacityDoes(t *testing.T) {
 // capacityCluster is a registered cluster whose ClusterCapacity reports one
 // node per entry.
 func capacityCluster(name string, entries ...fleetv1alpha1.AcceleratorCapacity) inventory.Cluster {
-	cc := &fleetv1alpha1.ClusterCapacity{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.ClusterCapacityName},
-		Status: fleetv1alpha1.ClusterCapacityStatus{Accelerators: entries}}
-	c := fakeapi.NewSpoke(cc)
+	c := fakeapi.NewSpoke(hubtest.Capacity(entries...))
 	return inventory.Cluster{Name: name, Client: c.Client, Reader: c.Reader}
-}
-
-func node(r corev1.ResourceName, product string, allocatable, free int64) fleetv1alpha1.AcceleratorCapacity {
-	return fleetv1alpha1.AcceleratorCapacity{Resource: r, Product: product, Nodes: 1, Allocatable: allocatable,
-		Requested: allocatable - free, Free: free, LargestFreeOnNode: free, FreeNodes: []fleetv1alpha1.FreeBucket{{Free: free, Nodes: 1}}}
 }
 
 func TestAMDServiceIsPlacedOnlyWhereAMDGPUsAreFree(t *testing.T) {
 	fleet := Fleet{Now: time.Now(), Clusters: []inventory.Cluster{
-		capacityCluster("nvidia-free", node(accelerator.NVIDIA, "NVIDIA-H100-80GB-HBM3", 8, 8)),
-		capacityCluster("amd-used", node(accelerator.AMD, "MI300X", 8, 0), node(accelerator.NVIDIA, "NVIDIA-L4", 8, 8)),
-		capacityCluster("amd-free", node(accelerator.AMD, "MI300X", 8, 8)),
+		capacityCluster("nvidia-free", hubtest.GPUNode(accelerator.NVIDIA, "NVIDIA-H100-80GB-HBM3", 8, 8)),
+		capacityCluster("amd-used", hubtest.GPUNode(accelerator.AMD, "MI300X", 8, 0), hubtest.GPUNode(accelerator.NVIDIA, "NVIDIA-L4", 8, 8)),
+		capacityCluster("amd-free", hubtest.GPUNode(accelerator.AMD, "MI300X", 8, 8)),
 	}}
 	svc := &v1alpha2.LLMInferenceService{Spec: v1alpha2.LLMInferenceServiceSpec{WorkloadSpec: v1alpha2.WorkloadSpec{Template: &corev1.PodSpec{
 		Containers: []corev1.Container{{Name: "main", Resources: requests(accelerator.AMD, 2)}}}}}}
