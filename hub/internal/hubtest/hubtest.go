@@ -39,8 +39,9 @@ type Spoke struct {
 	// reach it; zero while it is available.
 	UnavailableSince time.Time
 	Reason           string
-	// Engaging lists it as registered but not engaged yet: unavailable,
-	// and without clients.
+	// Engaging lists it as registered but not engaged yet, without
+	// clients; the inventory lists such a cluster unavailable too, so a
+	// test sets UnavailableSince and Reason with it.
 	Engaging bool
 }
 
