@@ -13,6 +13,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
@@ -49,13 +50,7 @@ func TestMovingReplicasMakesBeforeItBreaks(t *testing.T) {
 			svc := placedOn(service("llama", c.onA), "decided-before", map[string]int32{"a": c.onA})
 			f := newFleet(t, []client.Object{svc, c.placement}, map[string][]client.Object{
 				"a": {hubCopy("llama", c.onA)}, "b": nil})
-			aKeeps := func(step string) {
-				t.Helper()
-				cp := f.copyIn("a", "llama")
-				if cp == nil || !cp.DeletionTimestamp.IsZero() || ptr.Deref(cp.Spec.Replicas, 0) != c.onA {
-					t.Fatalf("%s: a's copy is %v, want it kept with %d replicas", step, cp, c.onA)
-				}
-			}
+			aKeeps := func(step string) { f.kept(step, "a", "llama", c.onA) }
 
 			f.reconcile("llama")
 			if cp := f.copyIn("b", "llama"); cp == nil || ptr.Deref(cp.Spec.Replicas, 0) != c.wantB {
@@ -88,13 +83,13 @@ func TestOrphanCollectorDeletesOnlyWhatNoHubObjectAccountsFor(t *testing.T) {
 	config := func(name string, hubs bool) *v1alpha2.LLMInferenceServiceConfig {
 		c := &v1alpha2.LLMInferenceServiceConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 		if hubs {
-			fleetv1alpha1.MarkOwnedByHub(c, testHubID)
+			fleetv1alpha1.MarkOwnedByHub(c, hubtest.HubID)
 		}
 		return c
 	}
 	f := newFleet(t, []client.Object{service("kept", 1)}, map[string][]client.Object{"a": {
 		hubCopy("gone", 1), kept, users, config("shared", true), config("stale", true), config("own", false)}})
-	f.r.OrphanCollector(time.Hour).collect(context.Background(), inventory.Cluster{Name: "a", Client: f.spokes["a"]}, time.Now())
+	f.r.OrphanCollector(time.Hour).collect(context.Background(), inventory.Cluster{Name: "a", Client: f.Spoke("a").Client}, time.Now())
 
 	cases := []struct {
 		name     string
@@ -111,7 +106,7 @@ func TestOrphanCollectorDeletesOnlyWhatNoHubObjectAccountsFor(t *testing.T) {
 	names := []string{"gone", "kept", "users", "shared", "stale", "own"}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			err := f.spokes["a"].Get(context.Background(), client.ObjectKey{Namespace: ns, Name: names[i]}, c.obj)
+			err := f.Spoke("a").API.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: names[i]}, c.obj)
 			if kept := err == nil; kept != c.wantKept {
 				t.Errorf("%s: kept %v (%v), want %v", names[i], kept, err, c.wantKept)
 			}
@@ -127,11 +122,11 @@ func TestAForeignObjectIsReportedAndNeverWritten(t *testing.T) {
 	f.reconcile("llama")
 	f.reconcile("llama")
 
-	if n := f.writes["a"].Load(); n != 0 {
-		t.Errorf("%d writes to the cluster holding the foreign object, want none", n)
+	if w := f.Spoke("a").Writes(); len(w) != 0 {
+		t.Errorf("writes %q to the cluster holding the foreign object, want none", w)
 	}
 	cp := f.copyIn("a", "llama")
-	if fleetv1alpha1.IsOwnedByHub(cp, testHubID) || ptr.Deref(cp.Spec.Replicas, 0) != 7 || cp.Labels["team"] != "spoke" {
+	if fleetv1alpha1.IsOwnedByHub(cp, hubtest.HubID) || ptr.Deref(cp.Spec.Replicas, 0) != 7 || cp.Labels["team"] != "spoke" {
 		t.Errorf("the foreign object changed: %+v", cp.ObjectMeta)
 	}
 	st := f.hubService("llama").Status
@@ -168,9 +163,9 @@ func TestASecondReconcileWithNothingChangedWritesNothing(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFleet(t, c.hub, map[string][]client.Object{"a": nil, "b": nil})
 			c.prepare(f)
-			f.resetWrites()
+			f.ClearWrites()
 			f.reconcile("llama")
-			if w := f.totalWrites(); len(w) > 0 {
+			if w := f.Writes(); len(w) > 0 {
 				t.Errorf("writes by cluster %v, want none", w)
 			}
 		})
@@ -185,12 +180,11 @@ func TestAnUpgradedHubKeepsTheDecisionInForce(t *testing.T) {
 	pl := placementOf(fleetv1alpha1.Duplicated, "a", "b")
 	hash := placement.Fingerprint(pl, svc, []string{"a", "b"})
 	svc.Status.Annotations = map[string]string{"fleet.fleetinfer.io/placement-inputs": hash, "fleet.fleetinfer.io/failed-over": "c"}
-	namespace := func() *corev1.Namespace { return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}} }
 	f := newFleet(t, []client.Object{svc, pl}, map[string][]client.Object{
-		"a": {namespace(), hubCopy("llama", 2)}, "b": {namespace(), hubCopy("llama", 2)}})
+		"a": {hubtest.Namespace(ns, nil), hubCopy("llama", 2)}, "b": {hubtest.Namespace(ns, nil), hubCopy("llama", 2)}})
 
 	f.reconcile("llama")
-	if w := f.totalWrites(); len(w) != 1 || w["hub"] != 1 {
+	if w := f.Writes(); len(w) != 1 || len(w[hubtest.HubName]) != 1 {
 		t.Errorf("writes by cluster %v, want only the hub's status", w)
 	}
 	st := f.hubService("llama").Status
@@ -205,9 +199,9 @@ func TestAnUpgradedHubKeepsTheDecisionInForce(t *testing.T) {
 			t.Errorf("%s desires %d replicas, want the decision in force's 2", c.Name, c.DesiredReplicas)
 		}
 	}
-	f.resetWrites()
+	f.ClearWrites()
 	f.reconcile("llama")
-	if w := f.totalWrites(); len(w) > 0 {
+	if w := f.Writes(); len(w) > 0 {
 		t.Errorf("writes by cluster %v after the migration, want none", w)
 	}
 }
@@ -324,11 +318,7 @@ func TestEventReasonsNameTheLoss(t *testing.T) {
 			svc := service("llama", 1)
 			svc.Status = *c.after
 			f.r.events(svc, c.before, c.failovers, nil)
-			close(f.recorder.Events)
-			var got []string
-			for e := range f.recorder.Events {
-				got = append(got, e)
-			}
+			got := f.Events.Drain()
 			if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
 				t.Errorf("events\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(c.want, "\n"))
 			}

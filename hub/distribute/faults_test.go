@@ -12,26 +12,25 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
-// hangingClient is a spoke that never answers: a black-holed link, or a
-// cache that never syncs. Every call waits until its context ends.
-type hangingClient struct{ client.Client }
-
-func (hangingClient) Get(ctx context.Context, _ client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
-	<-ctx.Done()
-	return ctx.Err()
-}
-
-func (hangingClient) Create(ctx context.Context, _ client.Object, _ ...client.CreateOption) error {
+// hanging is a spoke that never answers: a black-holed link, or a cache
+// that never syncs. Every read and create waits until its context ends.
+func hanging(ctx context.Context, verb string, _ runtime.Object) error {
+	if verb != "get" && verb != "create" {
+		return nil
+	}
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -43,12 +42,7 @@ func TestAHangingSpokeDelaysAReconcileOnlyByTheClusterDeadline(t *testing.T) {
 		map[string][]client.Object{"hangs": nil, "answers": nil})
 	const deadline = 300 * time.Millisecond
 	f.r.opts.ClusterTimeout = deadline
-	clusters := f.r.clusters.(fixedClusters)
-	for i := range clusters {
-		if clusters[i].Name == "hangs" {
-			clusters[i].Client = hangingClient{clusters[i].Client}
-		}
-	}
+	f.Spoke("hangs").Inject(hanging)
 
 	began := time.Now()
 	_, _ = f.r.Reconcile(context.Background(), watch.Request(ns, "llama"))
@@ -86,13 +80,8 @@ func TestATerminatingCopyIsNotCountedAsReady(t *testing.T) {
 	}
 }
 
-// refusingClient is a spoke that refuses every delete (a webhook, RBAC
-// drift).
-type refusingClient struct{ client.Client }
-
-func (refusingClient) Delete(context.Context, client.Object, ...client.DeleteOption) error {
-	return errors.New("admission webhook denied the request")
-}
+// refusing is a spoke that refuses every delete (a webhook, RBAC drift).
+var refusing = fakeapi.FailOn("delete", nil, errors.New("admission webhook denied the request"))
 
 // A spoke that refuses to delete a copy holds a deleted hub service only for
 // FinalizePatience; then the service goes and the orphan collector keeps
@@ -112,15 +101,14 @@ func TestAHubServiceWaitsForARefusingSpokeOnlyForAWhile(t *testing.T) {
 			svc.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-tc.deletedAgo)}
 			f := newFleet(t, []client.Object{svc, placementOf(fleetv1alpha1.Duplicated, "a")},
 				map[string][]client.Object{"a": {hubCopy("llama", 1)}})
-			clusters := f.r.clusters.(fixedClusters)
-			clusters[0].Client = refusingClient{clusters[0].Client}
+			f.Spoke("a").Inject(refusing)
 			res, err := f.r.Reconcile(context.Background(), watch.Request(ns, "llama"))
 			if !tc.wantGone && (res.RequeueAfter <= 0 || res.RequeueAfter > finalizeRetry || err != nil) {
 				t.Errorf("a waiting hub service is looked at again after %s (error %v), want within %s whatever the queue's backoff",
 					res.RequeueAfter, err, finalizeRetry)
 			}
 
-			gone := apierrors.IsNotFound(f.hub.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "llama"}, svc))
+			gone := apierrors.IsNotFound(f.Hub.API.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "llama"}, svc))
 			if gone != tc.wantGone {
 				t.Fatalf("hub service gone %v (reconcile error %v), want %v", gone, err, tc.wantGone)
 			}
@@ -143,7 +131,7 @@ func TestALeavingCopyThatTerminatesDoesNotComeBack(t *testing.T) {
 	f.reconcile("llama")
 	cp := f.copyIn("a", "llama")
 	cp.Finalizers = nil
-	if err := f.spokes["a"].Update(context.Background(), cp); err != nil {
+	if err := f.Spoke("a").API.Update(context.Background(), cp); err != nil {
 		t.Fatal(err)
 	}
 	f.reconcile("llama")
@@ -239,13 +227,12 @@ func TestARegisteredSpokeTheHubNeverEngagedKeepsItsReplicasThroughTheToleration(
 
 			// The new hub engages a only; an earlier hub recorded b lost lostAgo.
 			lost := f.r.timeNow().Add(-lostAgo).Truncate(time.Second)
-			if err := f.hub.Create(context.Background(), &corev1.ConfigMap{
+			if err := f.Hub.API.Create(context.Background(), &corev1.ConfigMap{
 				ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: inventory.RecordName},
 				Data:       map[string]string{"b": lost.UTC().Format(time.RFC3339)}}); err != nil {
 				t.Fatal(err)
 			}
-			f.r.clusters = joined{fixedClusters{{Name: "a", Client: f.spokes["a"], Reader: f.spokes["a"]}},
-				inventory.New(inventory.Options{Hub: f.hub, Namespace: registrations}).Registered()}
+			f.r.clusters = joined{f.Only("a"), inventory.New(inventory.Options{Hub: f.Hub.Client, Namespace: registrations}).Registered()}
 			f.restartHub()
 
 			f.reconcile("llama")
@@ -286,18 +273,16 @@ func TestANewLeaderDecidesNothingWhileItIsStillEngagingClusters(t *testing.T) {
 	f.reconcile("llama")
 
 	// A new leader, b not engaged yet; the placement moves from c to b.
-	all := f.r.clusters.(fixedClusters)
-	engaging := fixedClusters{all[0], {Name: "b", UnavailableSince: time.Now(), Engaging: true,
-		Reason: "registered but not engaged"}, all[2]}
-	f.r.clusters = engaging
+	b := f.Spoke("b")
+	b.UnavailableSince, b.Engaging, b.Reason = time.Now(), true, "registered but not engaged"
 	f.restartHub()
 	cur := &fleetv1alpha1.InferencePlacement{}
-	if err := f.hub.Get(context.Background(), client.ObjectKeyFromObject(pl), cur); err != nil {
+	if err := f.Hub.API.Get(context.Background(), client.ObjectKeyFromObject(pl), cur); err != nil {
 		t.Fatal(err)
 	}
 	cur.Spec.Clusters.Names = []string{"a", "b"}
 	cur.Generation++
-	if err := f.hub.Update(context.Background(), cur); err != nil {
+	if err := f.Hub.API.Update(context.Background(), cur); err != nil {
 		t.Fatal(err)
 	}
 	f.reconcile("llama")
@@ -306,7 +291,7 @@ func TestANewLeaderDecidesNothingWhileItIsStillEngagingClusters(t *testing.T) {
 	}
 
 	// b engaged: the move goes ahead, c's copy stays until b's is Ready.
-	f.r.clusters = all
+	b.UnavailableSince, b.Engaging, b.Reason = time.Time{}, false, ""
 	f.reconcile("llama")
 	if f.copyIn("b", "llama") == nil || f.copyIn("c", "llama") == nil {
 		t.Fatalf("after b engaged: copy in b %v, in c %v; want both until b's is Ready", f.copyIn("b", "llama") != nil, f.copyIn("c", "llama") != nil)
@@ -320,10 +305,7 @@ func TestANewLeaderDecidesNothingWhileItIsStillEngagingClusters(t *testing.T) {
 
 // eightH100s is a capacity report of one node with 8 free H100s.
 func eightH100s() *fleetv1alpha1.ClusterCapacity {
-	return &fleetv1alpha1.ClusterCapacity{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.ClusterCapacityName},
-		Status: fleetv1alpha1.ClusterCapacityStatus{Accelerators: []fleetv1alpha1.AcceleratorCapacity{{
-			Product: "H100", Resource: "nvidia.com/gpu", Nodes: 1, Allocatable: 8, Free: 8, LargestFreeOnNode: 8,
-			FreeNodes: []fleetv1alpha1.FreeBucket{{Free: 8, Nodes: 1}}}}}}
+	return hubtest.Capacity(hubtest.GPUNode("nvidia.com/gpu", "H100", 8, 8))
 }
 
 // gpuService is service with one GPU per replica.

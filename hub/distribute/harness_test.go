@@ -3,82 +3,44 @@ package distribute
 import (
 	"context"
 	"sort"
-	"sync/atomic"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
-	clusterv1beta1 "open-cluster-management.io/api/cluster/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
-	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
 const ns = "llm"
 
-// fixedClusters is an inventory.Source of clusters that never change.
-type fixedClusters []inventory.Cluster
-
-func (f fixedClusters) Clusters(context.Context) []inventory.Cluster { return f }
-
-// fleet is a hub and its spokes on fake clients that count their writes.
+// fleet is the distribution reconciler over a fake hub and spokes.
 type fleet struct {
-	t        *testing.T
-	hub      client.Client
-	spokes   map[string]client.Client
-	writes   map[string]*atomic.Int64 // by cluster name, "hub" for the hub
-	r        *Reconciler
-	recorder *record.FakeRecorder
+	*hubtest.Fleet
+	t *testing.T
+	r *Reconciler
 }
 
-func testScheme(t *testing.T) *runtime.Scheme {
-	t.Helper()
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1alpha2.AddToScheme, fleetv1alpha1.AddToScheme, clusterv1beta1.Install} {
-		if err := add(s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return s
-}
-
-// newFleet builds a hub holding hubObjs and one spoke per key of spokeObjs.
-// testHubID is the identity of the hub under test.
-const testHubID = "hub-under-test"
-
+// newFleet builds a hub holding hubObjs and one spoke per key of spokeObjs,
+// listed by name.
 func newFleet(t *testing.T, hubObjs []client.Object, spokeObjs map[string][]client.Object) *fleet {
 	t.Helper()
-	s := testScheme(t)
-	build := func(name string, objs []client.Object) (client.Client, *atomic.Int64) {
-		n := &atomic.Int64{}
-		c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
-			WithStatusSubresource(&v1alpha2.LLMInferenceService{}, &fleetv1alpha1.InferencePlacement{}, &fleetv1alpha1.ClusterCapacity{}).
-			WithInterceptorFuncs(hubtest.RecordWrites(func(string, client.Object) { n.Add(1) })).Build()
-		return c, n
-	}
-	f := &fleet{t: t, spokes: map[string]client.Client{}, writes: map[string]*atomic.Int64{}, recorder: record.NewFakeRecorder(100)}
-	f.hub, f.writes["hub"] = build("hub", hubObjs)
 	var names []string
 	for name := range spokeObjs {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	var clusters fixedClusters
+	var spokes []*hubtest.Spoke
 	for _, name := range names {
-		c, n := build(name, spokeObjs[name])
-		f.spokes[name], f.writes[name] = c, n
-		clusters = append(clusters, inventory.Cluster{Name: name, Client: c, Reader: c})
+		spokes = append(spokes, hubtest.NewSpoke(name, spokeObjs[name]...))
 	}
-	f.r = &Reconciler{hub: f.hub, clusters: clusters, recorder: f.recorder, opts: Options{HubID: testHubID}, deletions: &deletions{hubID: testHubID}}
+	f := &fleet{Fleet: hubtest.NewFleet(t, hubObjs, spokes...), t: t}
+	f.r = &Reconciler{hub: f.Hub.Client, clusters: f.Fleet, recorder: f.Events, opts: Options{HubID: hubtest.HubID},
+		deletions: &deletions{hubID: hubtest.HubID}}
 	return f
 }
 
@@ -90,28 +52,11 @@ func (f *fleet) reconcile(name string) {
 	}
 }
 
-// totalWrites is the writes counted so far in the hub and every spoke.
-func (f *fleet) totalWrites() map[string]int64 {
-	out := map[string]int64{}
-	for name, n := range f.writes {
-		if v := n.Load(); v > 0 {
-			out[name] = v
-		}
-	}
-	return out
-}
-
-func (f *fleet) resetWrites() {
-	for _, n := range f.writes {
-		n.Store(0)
-	}
-}
-
 // hubService reads the hub service back.
 func (f *fleet) hubService(name string) *v1alpha2.LLMInferenceService {
 	f.t.Helper()
 	svc := &v1alpha2.LLMInferenceService{}
-	if err := f.hub.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
+	if err := f.Hub.API.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
 		f.t.Fatal(err)
 	}
 	return svc
@@ -121,27 +66,27 @@ func (f *fleet) hubService(name string) *v1alpha2.LLMInferenceService {
 func (f *fleet) copyIn(cluster, name string) *v1alpha2.LLMInferenceService {
 	f.t.Helper()
 	cp := &v1alpha2.LLMInferenceService{}
-	if err := f.spokes[cluster].Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, cp); err != nil {
-		if client.IgnoreNotFound(err) == nil {
-			return nil
-		}
-		f.t.Fatal(err)
+	if !f.Get(cluster, client.ObjectKey{Namespace: ns, Name: name}, cp) {
+		return nil
 	}
 	return cp
+}
+
+// kept fails the test unless cluster keeps its copy of service name, not
+// being deleted, with replicas; step says when.
+func (f *fleet) kept(step, cluster, name string, replicas int32) {
+	f.t.Helper()
+	cp := f.copyIn(cluster, name)
+	if cp == nil || !cp.DeletionTimestamp.IsZero() || ptr.Deref(cp.Spec.Replicas, 0) != replicas {
+		f.t.Fatalf("%s: %s's copy is %v, want it kept with %d replicas", step, cluster, cp, replicas)
+	}
 }
 
 // markReady makes a spoke's copy report Ready with ready replicas, as the
 // spoke controller would.
 func (f *fleet) markReady(cluster, name string, ready int32) {
 	f.t.Helper()
-	cp := f.copyIn(cluster, name)
-	if cp == nil {
-		f.t.Fatalf("%s has no copy of %s", cluster, name)
-	}
-	setReady(cp, ready)
-	if err := f.spokes[cluster].Status().Update(context.Background(), cp); err != nil {
-		f.t.Fatal(err)
-	}
+	f.setCopyStatus(cluster, name, func(cp *v1alpha2.LLMInferenceService) { setReady(cp, ready) })
 }
 
 // markNotReady makes a spoke's copy report ready of its replicas ready and
@@ -149,15 +94,24 @@ func (f *fleet) markReady(cluster, name string, ready int32) {
 // for pods Pending, pulling or crashing.
 func (f *fleet) markNotReady(cluster, name string, ready int32, why string) {
 	f.t.Helper()
+	f.setCopyStatus(cluster, name, func(cp *v1alpha2.LLMInferenceService) {
+		cp.Status.ObservedGeneration = cp.Generation
+		cp.Status.MarkFalse(v1alpha2.MainWorkloadReady, "MinimumReplicasUnavailable", "%s", why)
+		cp.Status.MarkFalse(v1alpha2.Ready, "WorkloadsNotReady", "the main workload is not ready")
+		cp.Status.Workloads = &v1alpha2.WorkloadStatus{Primary: &v1alpha2.ObservedWorkloadStatus{ReadyReplicas: ptr.To(ready)}}
+	})
+}
+
+// setCopyStatus changes the status of a spoke's copy as its controller
+// would.
+func (f *fleet) setCopyStatus(cluster, name string, change func(*v1alpha2.LLMInferenceService)) {
+	f.t.Helper()
 	cp := f.copyIn(cluster, name)
 	if cp == nil {
 		f.t.Fatalf("%s has no copy of %s", cluster, name)
 	}
-	cp.Status.ObservedGeneration = cp.Generation
-	cp.Status.MarkFalse(v1alpha2.MainWorkloadReady, "MinimumReplicasUnavailable", "%s", why)
-	cp.Status.MarkFalse(v1alpha2.Ready, "WorkloadsNotReady", "the main workload is not ready")
-	cp.Status.Workloads = &v1alpha2.WorkloadStatus{Primary: &v1alpha2.ObservedWorkloadStatus{ReadyReplicas: ptr.To(ready)}}
-	if err := f.spokes[cluster].Status().Update(context.Background(), cp); err != nil {
+	change(cp)
+	if err := f.Spoke(cluster).API.Status().Update(context.Background(), cp); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -187,7 +141,7 @@ func service(name string, replicas int32) *v1alpha2.LLMInferenceService {
 
 // hubCopy is a copy the hub wrote into a spoke, with its replicas ready.
 func hubCopy(name string, replicas int32) *v1alpha2.LLMInferenceService {
-	cp := desiredCopy(service(name, replicas), testHubID, "", replicas, "")
+	cp := desiredCopy(service(name, replicas), hubtest.HubID, "", replicas, "")
 	setReady(cp, replicas)
 	return cp
 }

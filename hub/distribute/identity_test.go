@@ -28,10 +28,10 @@ func TestAnotherHubsCopiesAreNeverWrittenNorCollected(t *testing.T) {
 	f.reconcile("shared")
 	f.reconcile("shared")
 	gc := f.r.OrphanCollector(time.Hour)
-	gc.collect(context.Background(), inventory.Cluster{Name: "a", Client: f.spokes["a"]}, time.Now())
+	gc.collect(context.Background(), inventory.Cluster{Name: "a", Client: f.Spoke("a").Client}, time.Now())
 
-	if n := f.writes["a"].Load(); n != 0 {
-		t.Errorf("%d writes to a cluster holding only the other hub's copies, want none", n)
+	if w := f.Spoke("a").Writes(); len(w) != 0 {
+		t.Errorf("writes %q to a cluster holding only the other hub's copies, want none", w)
 	}
 	for _, name := range []string{"shared", "theirs"} {
 		cp := f.copyIn("a", name)
@@ -51,7 +51,7 @@ func TestOrphansAreDeletedOnlyAfterTheGracePeriod(t *testing.T) {
 	f := newFleet(t, nil, map[string][]client.Object{"a": {hubCopy("orphan", 1), hubCopy("back", 1)}})
 	f.r.opts.OrphanGrace = time.Minute
 	gc := f.r.OrphanCollector(time.Hour)
-	a := inventory.Cluster{Name: "a", Client: f.spokes["a"]}
+	a := inventory.Cluster{Name: "a", Client: f.Spoke("a").Client}
 	t0 := time.Now()
 	pending := func() float64 { return testutil.ToFloat64(orphansPending.WithLabelValues("a")) }
 
@@ -75,11 +75,11 @@ func TestOrphansAreDeletedOnlyAfterTheGracePeriod(t *testing.T) {
 		t.Errorf("fleetinfer_hub_orphans_pending_deletion{cluster=a} = %v, want 2", got)
 	}
 
-	if err := f.hub.Create(context.Background(), service("back", 1)); err != nil {
+	if err := f.Hub.API.Create(context.Background(), service("back", 1)); err != nil {
 		t.Fatal(err)
 	}
 	gc.collect(context.Background(), a, t0.Add(30*time.Second))
-	if err := f.hub.Delete(context.Background(), service("back", 1)); err != nil {
+	if err := f.Hub.API.Delete(context.Background(), service("back", 1)); err != nil {
 		t.Fatal(err)
 	}
 	gc.collect(context.Background(), a, t0.Add(61*time.Second))

@@ -3,7 +3,7 @@ package distribute
 import (
 	"context"
 	"errors"
-	"reflect"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -13,10 +13,11 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1beta1 "open-cluster-management.io/api/cluster/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
@@ -31,27 +32,13 @@ func runningFleet(t *testing.T, gpus *fleetv1alpha1.InferencePlacement, hubObjs 
 		svc.Status.Placement.InputsHash = placement.Fingerprint(gpus, svc, []string{"a", "b"})
 		hubObjs = append(hubObjs, gpus)
 	}
-	namespace := func() *corev1.Namespace { return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}} }
 	copyIn := func(cluster string) *v1alpha2.LLMInferenceService {
 		cp := hubCopy("llama", 2)
 		cp.UID = types.UID("uid-copy-" + cluster) // the hub remembers deletions by UID
 		return cp
 	}
 	return newFleet(t, append(hubObjs, svc), map[string][]client.Object{
-		"a": {namespace(), copyIn("a")}, "b": {namespace(), copyIn("b")}})
-}
-
-// events drains the Events recorded so far.
-func (f *fleet) events() []string {
-	var out []string
-	for {
-		select {
-		case e := <-f.recorder.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
-	}
+		"a": {hubtest.Namespace(ns, nil), copyIn("a")}, "b": {hubtest.Namespace(ns, nil), copyIn("b")}})
 }
 
 // A decision that fails, or that chooses no cluster, while the service runs
@@ -69,13 +56,7 @@ func TestADecisionErrorKeepsWhatRuns(t *testing.T) {
 	// failing makes the reconciler's hub reads of one list kind fail.
 	failing := func(kind client.ObjectList) func(*fleet) {
 		return func(f *fleet) {
-			f.r.hub = interceptor.NewClient(f.hub.(client.WithWatch), interceptor.Funcs{
-				List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
-					if reflect.TypeOf(list) == reflect.TypeOf(kind) {
-						return errors.New("the server is currently unable to handle the request")
-					}
-					return c.List(ctx, list, opts...)
-				}})
+			f.Hub.Inject(fakeapi.FailOn("list", kind, errors.New("the server is currently unable to handle the request")))
 		}
 	}
 	listFails := failing(&clusterv1beta1.PlacementDecisionList{})
@@ -114,43 +95,50 @@ func TestADecisionErrorKeepsWhatRuns(t *testing.T) {
 					t.Fatalf("reconcile %d: error %v, want one: %v", round, err, c.wantErr)
 				}
 				for _, cl := range []string{"a", "b"} {
-					if n := f.writes[cl].Load(); n != 0 {
-						t.Errorf("reconcile %d: %d writes to %s, want none", round, n, cl)
+					if w := f.Spoke(cl).Writes(); len(w) != 0 {
+						t.Errorf("reconcile %d: writes %q to %s, want none", round, w, cl)
 					}
-					cp := f.copyIn(cl, "llama")
-					if cp == nil || !cp.DeletionTimestamp.IsZero() || ptr.Deref(cp.Spec.Replicas, 0) != 2 {
-						t.Fatalf("reconcile %d: %s's copy is %v, want it kept with 2 replicas", round, cl, cp)
-					}
+					f.kept(fmt.Sprintf("reconcile %d", round), cl, "llama", 2)
 				}
 			}
-			st := f.hubService("llama").Status
-			p := st.GetCondition(placement.Placed)
-			if p == nil || p.Status != corev1.ConditionFalse || p.Reason != c.wantReason {
-				t.Fatalf("Placed is %+v, want False/%s", p, c.wantReason)
-			}
-			for _, want := range []string{c.wantInMsg, "the copies in a=2, b=2 are kept", "deleting the service on the hub"} {
-				if !strings.Contains(p.Message, want) {
-					t.Errorf("Placed message %q does not say %q", p.Message, want)
-				}
-			}
-			for _, e := range st.Clusters {
-				if e.Phase != PhaseRunning || e.DesiredReplicas != 2 {
-					t.Errorf("cluster entry %+v, want Running with 2 desired", e)
-				}
-			}
-			if !st.IsTrue("Ready") {
-				t.Errorf("Ready is %+v, want True: the kept copies serve", st.GetCondition("Ready"))
-			}
-			var notPlaced []string
-			for _, e := range f.events() {
-				if strings.Contains(e, "NotPlaced") {
-					notPlaced = append(notPlaced, e)
-				}
-			}
-			if len(notPlaced) != 1 || !strings.Contains(notPlaced[0], "kept") {
-				t.Errorf("NotPlaced events %q over two reconciles, want one saying the copies are kept", notPlaced)
-			}
+			f.saysTheCopiesAreKept(t, c.wantReason, c.wantInMsg)
 		})
+	}
+}
+
+// saysTheCopiesAreKept checks that the service's status, after the
+// decision error of reason, says so and that the copies it keeps serve:
+// Placed False with reason, its message saying inMsg and what is kept,
+// every cluster entry Running with 2 desired, Ready True, and one NotPlaced
+// Event saying the copies are kept.
+func (f *fleet) saysTheCopiesAreKept(t *testing.T, reason, inMsg string) {
+	t.Helper()
+	st := f.hubService("llama").Status
+	p := st.GetCondition(placement.Placed)
+	if p == nil || p.Status != corev1.ConditionFalse || p.Reason != reason {
+		t.Fatalf("Placed is %+v, want False/%s", p, reason)
+	}
+	for _, want := range []string{inMsg, "the copies in a=2, b=2 are kept", "deleting the service on the hub"} {
+		if !strings.Contains(p.Message, want) {
+			t.Errorf("Placed message %q does not say %q", p.Message, want)
+		}
+	}
+	for _, e := range st.Clusters {
+		if e.Phase != PhaseRunning || e.DesiredReplicas != 2 {
+			t.Errorf("cluster entry %+v, want Running with 2 desired", e)
+		}
+	}
+	if !st.IsTrue("Ready") {
+		t.Errorf("Ready is %+v, want True: the kept copies serve", st.GetCondition("Ready"))
+	}
+	var notPlaced []string
+	for _, e := range f.Events.Drain() {
+		if strings.Contains(e, "NotPlaced") {
+			notPlaced = append(notPlaced, e)
+		}
+	}
+	if len(notPlaced) != 1 || !strings.Contains(notPlaced[0], "kept") {
+		t.Errorf("NotPlaced events %q over two reconciles, want one saying the copies are kept", notPlaced)
 	}
 }
 
@@ -161,7 +149,7 @@ func TestTheDecisionInForceResumesWhenTheErrorIsGone(t *testing.T) {
 	overlapping := &fleetv1alpha1.InferencePlacement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "everything", UID: "uid-everything"}}
 	f := runningFleet(t, gpus, overlapping)
 	f.reconcile("llama")
-	if err := f.hub.Delete(context.Background(), overlapping); err != nil {
+	if err := f.Hub.API.Delete(context.Background(), overlapping); err != nil {
 		t.Fatal(err)
 	}
 	f.reconcile("llama")
@@ -170,8 +158,8 @@ func TestTheDecisionInForceResumesWhenTheErrorIsGone(t *testing.T) {
 		t.Errorf("Placed is %+v, want True again", p)
 	}
 	for _, cl := range []string{"a", "b"} {
-		if n := f.writes[cl].Load(); n != 0 {
-			t.Errorf("%d writes to %s, want none", n, cl)
+		if w := f.Spoke(cl).Writes(); len(w) != 0 {
+			t.Errorf("writes %q to %s, want none", w, cl)
 		}
 	}
 }
@@ -187,7 +175,7 @@ func TestDeletingTheHubServiceDeletesEveryCopy(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := runningFleet(t, placementOf(fleetv1alpha1.Duplicated, "a", "b"), c.others...)
 			f.reconcile("llama")
-			if err := f.hub.Delete(context.Background(), f.hubService("llama")); err != nil {
+			if err := f.Hub.API.Delete(context.Background(), f.hubService("llama")); err != nil {
 				t.Fatal(err)
 			}
 			f.reconcile("llama")
@@ -197,7 +185,7 @@ func TestDeletingTheHubServiceDeletesEveryCopy(t *testing.T) {
 				}
 			}
 			svc := &v1alpha2.LLMInferenceService{}
-			if err := f.hub.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "llama"}, svc); client.IgnoreNotFound(err) != nil || err == nil {
+			if err := f.Hub.API.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "llama"}, svc); client.IgnoreNotFound(err) != nil || err == nil {
 				t.Errorf("the hub service is still there (%v), want its finalizer removed", err)
 			}
 		})
@@ -227,7 +215,7 @@ func TestZeroReplicasRemovesTheCopies(t *testing.T) {
 	svc := f.hubService("llama")
 	svc.Spec.Replicas = ptr.To(int32(0))
 	svc.Generation++ // as the API server does on a spec change; the fake client does not
-	if err := f.hub.Update(context.Background(), svc); err != nil {
+	if err := f.Hub.API.Update(context.Background(), svc); err != nil {
 		t.Fatal(err)
 	}
 	f.reconcile("llama")

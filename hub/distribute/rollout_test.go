@@ -11,6 +11,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 )
 
 const (
@@ -53,7 +54,7 @@ func (f *fleet) change(model string) {
 	f.t.Helper()
 	svc := f.hubService("llama")
 	svc.Spec.Model.URI = model
-	if err := f.hub.Update(context.Background(), svc); err != nil {
+	if err := f.Hub.API.Update(context.Background(), svc); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -88,7 +89,7 @@ func TestAProgressiveRolloutUpdatesTheNextClusterOnlyOnceThePreviousIsReadyForMi
 	if got := rolledOut(f.hubService("llama")); got != "True/"+ReasonRolledOut {
 		t.Fatalf("RolledOut of a service running its version everywhere is %s", got)
 	}
-	f.events()
+	f.Events.Drain()
 	f.change(newModel)
 	steps := []struct {
 		do      func()
@@ -113,7 +114,7 @@ func TestAProgressiveRolloutUpdatesTheNextClusterOnlyOnceThePreviousIsReadyForMi
 			t.Fatalf("step %d: copies %s, RolledOut %+v; want %s, %s saying %q", i, got, c, s.want, s.reason, s.message)
 		}
 	}
-	if ev := strings.Join(f.events(), "\n"); !strings.Contains(ev, "Normal RolloutProgressing") || !strings.Contains(ev, "Normal RolledOut") {
+	if ev := strings.Join(f.Events.Drain(), "\n"); !strings.Contains(ev, "Normal RolloutProgressing") || !strings.Contains(ev, "Normal RolledOut") {
 		t.Errorf("Events %q, want RolloutProgressing and RolledOut", ev)
 	}
 }
@@ -124,7 +125,7 @@ func TestAProgressiveRolloutUpdatesTheNextClusterOnlyOnceThePreviousIsReadyForMi
 // and a fix updates the failing cluster first.
 func TestAFailingStageStallsTheRolloutAndKeepsTheOthersOnThePreviousVersion(t *testing.T) {
 	f, advance := runningEverywhere(t, progressive(fleetv1alpha1.RolloutProgressive))
-	f.events()
+	f.Events.Drain()
 	f.change(newModel)
 	f.reconcile("llama")
 	f.markNotReady("a", "llama", 0, "Back-off pulling image")
@@ -140,7 +141,7 @@ func TestAFailingStageStallsTheRolloutAndKeepsTheOthersOnThePreviousVersion(t *t
 	if c == nil || c.Reason != ReasonRolloutStalled || !strings.Contains(c.Message, "Back-off pulling image") || !strings.Contains(c.Message, "b, c keep the previous version") {
 		t.Fatalf("past the deadline RolledOut is %+v, want RolloutStalled naming a's problem and b, c held", c)
 	}
-	if ev := strings.Join(f.events(), "\n"); !strings.Contains(ev, "Warning RolloutStalled") {
+	if ev := strings.Join(f.Events.Drain(), "\n"); !strings.Contains(ev, "Warning RolloutStalled") {
 		t.Errorf("Events %q, want a Warning RolloutStalled", ev)
 	}
 	advance(time.Hour)
@@ -153,7 +154,7 @@ func TestAFailingStageStallsTheRolloutAndKeepsTheOthersOnThePreviousVersion(t *t
 	svc = f.hubService("llama")
 	svc.Spec.Replicas = ptr.To(int32(2))
 	svc.Generation++ // as the API server would
-	if err := f.hub.Update(context.Background(), svc); err != nil {
+	if err := f.Hub.API.Update(context.Background(), svc); err != nil {
 		t.Fatal(err)
 	}
 	f.reconcile("llama")
@@ -196,7 +197,7 @@ func TestAStuckClusterStallsTheRolloutAfterItsReplicasMoved(t *testing.T) {
 	desired := func(string) *v1alpha2.LLMInferenceService {
 		svc := service("llama", 1)
 		svc.Spec.Model.URI = newModel
-		return desiredCopy(svc, testHubID, "", 1, "")
+		return desiredCopy(svc, hubtest.HubID, "", 1, "")
 	}
 	d := decision{want: map[string]int32{"b": 2, "c": 1}}
 	copies := map[string]*observed{"b": ready(oldModel), "c": ready(oldModel)}

@@ -70,7 +70,7 @@ func entry(svc *v1alpha2.LLMInferenceService, cluster string) *v1alpha2.ClusterS
 // stuckEvents are the Stuck Events recorded so far.
 func (f *fleet) stuckEvents() []string {
 	var out []string
-	for _, e := range f.events() {
+	for _, e := range f.Events.Drain() {
 		if strings.HasPrefix(e, "Warning Stuck ") {
 			out = append(out, e)
 		}
@@ -100,13 +100,7 @@ func TestACopyNeverReadyPastTheDeadlineTurnsStuckAndItsReplicasMoveMakeBeforeBre
 		t.Run(c.name, func(t *testing.T) {
 			before := testutil.ToFloat64(stuckCopies.WithLabelValues("b"))
 			f, advance := pendingInB(t, c.placement, c.stuckHas)
-			bKeeps := func(step string) {
-				t.Helper()
-				cp := f.copyIn("b", "llama")
-				if cp == nil || !cp.DeletionTimestamp.IsZero() || ptr.Deref(cp.Spec.Replicas, 0) != 2 {
-					t.Fatalf("%s: b's copy is %v, want it kept with its 2 replicas", step, cp)
-				}
-			}
+			bKeeps := func(step string) { f.kept(step, "b", "llama", 2) }
 
 			advance(readyTimeout - time.Second)
 			f.reconcile("llama")
@@ -208,10 +202,10 @@ func TestAStuckCopyWithNowhereToGoStaysAndTheStatusSaysWhy(t *testing.T) {
 			f.markNotReady("b", "llama", 0, pending)
 			advance(readyTimeout + time.Second)
 			f.reconcile("llama")
-			f.resetWrites()
+			f.ClearWrites()
 			f.reconcile("llama")
 
-			if w := f.totalWrites(); len(w) > 0 {
+			if w := f.Writes(); len(w) > 0 {
 				t.Errorf("writes by cluster %v while nothing can move, want none", w)
 			}
 			if cp := f.copyIn("b", "llama"); cp == nil || ptr.Deref(cp.Spec.Replicas, 0) != 2 {
@@ -276,7 +270,7 @@ func TestAChangedServiceMakesAStuckClusterEligibleAgain(t *testing.T) {
 	svc := f.hubService("llama")
 	svc.Spec.Replicas = ptr.To(int32(3))
 	svc.Generation++ // the fake client keeps generations as given
-	if err := f.hub.Update(t.Context(), svc); err != nil {
+	if err := f.Hub.API.Update(t.Context(), svc); err != nil {
 		t.Fatal(err)
 	}
 	f.reconcile("llama")

@@ -22,9 +22,8 @@ func binding(set string) *fleetv1alpha1.ClusterSetBinding {
 // cluster in a set.
 func (f *fleet) requireBindings(sets map[string]string) {
 	f.r.opts.RequireClusterSetBinding = true
-	clusters := f.r.clusters.(fixedClusters)
-	for i := range clusters {
-		clusters[i].Labels = map[string]string{fleetv1alpha1.ClusterSetLabel: sets[clusters[i].Name]}
+	for _, s := range f.Spokes() {
+		s.Labels = map[string]string{fleetv1alpha1.ClusterSetLabel: sets[s.Name]}
 	}
 }
 
@@ -89,7 +88,7 @@ func TestRemovingTheLastBindingKeepsWhatRuns(t *testing.T) {
 		t.Errorf("Placed %s/%s %q; want False/%s saying what runs is kept", status, reason, msg, placement.ReasonNoClusterSetBinding)
 	}
 
-	if err := f.hub.Create(context.Background(), binding("us")); err != nil {
+	if err := f.Hub.API.Create(context.Background(), binding("us")); err != nil {
 		t.Fatal(err)
 	}
 	f.reconcile("llama")

@@ -3,31 +3,21 @@ package export
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	igwapiv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
-	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
 const (
@@ -37,41 +27,11 @@ const (
 
 var poolKey = client.ObjectKey{Namespace: ns, Name: poolName}
 
-var scheme = runtime.NewScheme()
-
-// testHubID is the identity of the hub under test.
-const testHubID = "hub-under-test"
-
-func init() {
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(igwapiv1.Install(scheme))
-	utilruntime.Must(igwapixv1alpha1.Install(scheme))
-	utilruntime.Must(v1alpha2.AddToScheme(scheme))
-}
-
-// clusters is a fixed inventory.
-type clusters []inventory.Cluster
-
-func (c clusters) Clusters(context.Context) []inventory.Cluster { return c }
-
-// spoke is one fake member cluster: what it holds, whether the hub sees it
-// available, and every write the hub made through its client.
-type spoke struct {
-	name string
-	objs []client.Object
-	down bool
-	// unreadable makes every read of an InferencePool fail, as a cache that
-	// never synced does.
-	unreadable bool
-	api        client.Client
-	writes     []string // "verb Kind namespace/name"
-}
-
 // member is an available cluster holding objs.
 // An exported pool comes with the hub's copy that owns it, as the spoke
 // makes it.
-func member(name string, objs ...client.Object) *spoke {
-	return &spoke{name: name, objs: withOwners(objs)}
+func member(name string, objs ...client.Object) *hubtest.Spoke {
+	return hubtest.NewSpoke(name, withOwners(objs)...)
 }
 
 // withOwners adds to objs the copy each exportedPool among them belongs to.
@@ -85,53 +45,25 @@ func withOwners(objs []client.Object) []client.Object {
 }
 
 // unavailable is a cluster the hub cannot reach, holding objs in its cache.
-func unavailable(name string, objs ...client.Object) *spoke {
-	return &spoke{name: name, objs: withOwners(objs), down: true}
+func unavailable(name string, objs ...client.Object) *hubtest.Spoke {
+	return member(name, objs...).Unavailable("API server unreachable")
 }
 
-// interceptors record the hub's writes and fail its pool reads while the
-// spoke is unreadable.
-func (s *spoke) interceptors() interceptor.Funcs {
-	f := hubtest.RecordWrites(s.record)
-	f.Get = func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
-		if _, pool := o.(*igwapiv1.InferencePool); pool && s.unreadable {
-			return errors.New("timed out waiting for cache to be synced")
-		}
-		return c.Get(ctx, key, o, opts...)
-	}
-	return f
-}
-
-func (s *spoke) record(verb string, o client.Object) {
-	kind := fmt.Sprintf("%T", o)
-	if gvk, err := apiutil.GVKForObject(o, scheme); err == nil {
-		kind = gvk.Kind
-	}
-	s.writes = append(s.writes, fmt.Sprintf("%s %s %s", verb, kind, client.ObjectKeyFromObject(o)))
-}
+// unreadablePools makes every read of an InferencePool fail, as a cache
+// that never synced does.
+var unreadablePools = fakeapi.FailOn("get", &igwapiv1.InferencePool{}, errors.New("timed out waiting for cache to be synced"))
 
 // fleet is the export reconciler over fake spokes, in the order given.
 type fleet struct {
-	t      *testing.T
-	spokes []*spoke
-	r      *Reconciler
+	*hubtest.Fleet
+	t *testing.T
+	r *Reconciler
 }
 
-func newFleet(t *testing.T, spokes ...*spoke) *fleet {
+func newFleet(t *testing.T, spokes ...*hubtest.Spoke) *fleet {
 	t.Helper()
-	f := &fleet{t: t, spokes: spokes}
-	var inv clusters
-	for _, s := range spokes {
-		s.api = fake.NewClientBuilder().WithScheme(scheme).WithObjects(s.objs...).
-			WithStatusSubresource(&igwapiv1.InferencePool{}, &igwapixv1alpha1.InferencePoolImport{}).
-			WithInterceptorFuncs(s.interceptors()).Build()
-		c := inventory.Cluster{Name: s.name, Client: s.api, Reader: s.api}
-		if s.down {
-			c.UnavailableSince, c.Reason = time.Now(), "API server unreachable"
-		}
-		inv = append(inv, c)
-	}
-	f.r = &Reconciler{Clusters: inv, HubID: testHubID}
+	f := &fleet{Fleet: hubtest.NewFleet(t, nil, spokes...), t: t}
+	f.r = &Reconciler{Clusters: f.Fleet, HubID: hubtest.HubID}
 	return f
 }
 
@@ -143,56 +75,13 @@ func (f *fleet) reconcile() {
 	}
 }
 
-func (f *fleet) spoke(name string) *spoke {
-	f.t.Helper()
-	for _, s := range f.spokes {
-		if s.name == name {
-			return s
-		}
-	}
-	f.t.Fatalf("no spoke %s", name)
-	return nil
-}
-
-// writes is every write the hub made, by cluster; clusters it did not write
-// to are absent.
-func (f *fleet) writes() map[string][]string {
-	out := map[string][]string{}
-	for _, s := range f.spokes {
-		if len(s.writes) > 0 {
-			out[s.name] = s.writes
-		}
-	}
-	return out
-}
-
-func (f *fleet) clearWrites() {
-	for _, s := range f.spokes {
-		s.writes = nil
-	}
-}
-
-// get reads an object of a cluster straight from its fake API; false when
-// it does not exist.
-func (f *fleet) get(cluster string, key client.ObjectKey, o client.Object) bool {
-	f.t.Helper()
-	err := f.spoke(cluster).api.Get(context.Background(), key, o)
-	if apierrors.IsNotFound(err) {
-		return false
-	}
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	return true
-}
-
 // exportingIn is the exporting clusters the hub's import in cluster lists,
 // or nil when the cluster has no import of the hub's. An import without the
 // hub's controller entry lists nothing ([]string{}).
 func (f *fleet) exportingIn(cluster string) []string {
 	f.t.Helper()
 	imp := &igwapixv1alpha1.InferencePoolImport{}
-	if !f.get(cluster, poolKey, imp) || !fleetv1alpha1.IsOwnedByHub(imp, testHubID) {
+	if !f.Get(cluster, poolKey, imp) || !fleetv1alpha1.IsOwnedByHub(imp, hubtest.HubID) {
 		return nil
 	}
 	out := []string{}
@@ -211,7 +100,7 @@ func (f *fleet) exportingIn(cluster string) []string {
 func (f *fleet) exportedIn(cluster string) bool {
 	f.t.Helper()
 	p := &igwapiv1.InferencePool{}
-	if !f.get(cluster, poolKey, p) {
+	if !f.Get(cluster, poolKey, p) {
 		return false
 	}
 	found := false
@@ -286,7 +175,7 @@ const placedCopyUID = "uid-placed-copy"
 // placedCopy is the hub's copy of a service whose pool is exportedPool.
 func placedCopy() *v1alpha2.LLMInferenceService {
 	cp := &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama", UID: placedCopyUID}}
-	fleetv1alpha1.MarkOwnedByHub(cp, testHubID)
+	fleetv1alpha1.MarkOwnedByHub(cp, hubtest.HubID)
 	return cp
 }
 
@@ -303,8 +192,4 @@ func ownImport(labels map[string]string) *igwapixv1alpha1.InferencePoolImport {
 		Status: igwapixv1alpha1.InferencePoolImportStatus{Controllers: []igwapixv1alpha1.ImportController{{
 			Name: "example.net/import", ExportingClusters: []igwapixv1alpha1.ExportingCluster{{Name: "elsewhere"}}}}},
 	}
-}
-
-func namespace(labels map[string]string) *corev1.Namespace {
-	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}
 }

@@ -10,26 +10,16 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	igwapixv1alpha1 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha1"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
-	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
 const (
@@ -37,60 +27,12 @@ const (
 	svcName = "llama"
 )
 
-var scheme = runtime.NewScheme()
-
-func init() {
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(v1alpha2.AddToScheme(scheme))
-	utilruntime.Must(igwapixv1alpha1.Install(scheme))
-}
-
-// clusters is a fixed inventory.
-type clusters []inventory.Cluster
-
-func (c clusters) Clusters(context.Context) []inventory.Cluster { return c }
-
-// spoke is one fake cluster. Its Client sees ConfigMaps and Secrets only
-// when the hub labelled them, as the hub's cache of a spoke does; its
-// Reader sees everything, as the API server does. writes records every
-// write through Client.
-type spoke struct {
-	name   string
-	api    client.WithWatch
-	writes []string
-	// podNetwork is the cluster's pod-network label: every spoke shares
-	// one unless a test says otherwise ("" for none).
-	podNetwork string
-	// podCIDRs is the registration's fleetv1alpha1.PodCIDRsProperty.
-	podCIDRs string
-}
-
-func newSpoke(t *testing.T, name string, objs ...client.Object) *spoke {
-	t.Helper()
-	return &spoke{name: name, api: fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build(), podNetwork: "flat"}
-}
-
-func (s *spoke) cluster() inventory.Cluster {
-	record := func(verb string, o client.Object) {
-		s.writes = append(s.writes, fmt.Sprintf("%s %T", verb, o))
-	}
-	funcs := hubtest.RecordWrites(record)
-	funcs.Get = func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
-		if err := c.Get(ctx, key, o, opts...); err != nil {
-			return err
-		}
-		switch o.(type) {
-		case *corev1.ConfigMap, *corev1.Secret:
-			if !fleetv1alpha1.IsOwnedByHub(o, testHubID) {
-				return apierrors.NewNotFound(schema.GroupResource{Resource: fmt.Sprintf("%T", o)}, key.Name)
-			}
-		}
-		return nil
-	}
-	cached := interceptor.NewClient(s.api, funcs)
-	return inventory.Cluster{Name: s.name, Client: cached, Reader: s.api,
-		Labels:     map[string]string{"name": s.name, fleetv1alpha1.PodNetworkLabel: s.podNetwork},
-		Properties: map[string]string{fleetv1alpha1.PodCIDRsProperty: s.podCIDRs}}
+// newSpoke is a cluster holding objs, on the pod network every spoke
+// shares unless a test says otherwise.
+func newSpoke(name string, objs ...client.Object) *hubtest.Spoke {
+	s := hubtest.NewSpoke(name, objs...)
+	s.Labels[fleetv1alpha1.PodNetworkLabel] = "flat"
+	return s
 }
 
 // copyOf is the hub's copy of the service in a cluster, federated in mode,
@@ -98,7 +40,7 @@ func (s *spoke) cluster() inventory.Cluster {
 func copyOf(cluster string, mode fleetv1alpha1.FederationMode, st *v1alpha2.FederationStatus) *v1alpha2.LLMInferenceService {
 	cp := &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svcName, UID: types.UID(cluster + "-copy"),
 		Annotations: map[string]string{fleetv1alpha1.FederationClusterAnnotation: cluster, fleetv1alpha1.FederationModeAnnotation: string(mode)}}}
-	fleetv1alpha1.MarkOwnedByHub(cp, testHubID)
+	fleetv1alpha1.MarkOwnedByHub(cp, hubtest.HubID)
 	cp.Status.Federation = st
 	return cp
 }
@@ -109,26 +51,16 @@ func reports(picker, gateway string) *v1alpha2.FederationStatus {
 
 // fixture is a hub with one service and the spokes that may run it.
 type fixture struct {
-	r      *Reconciler
-	spokes map[string]*spoke
-	events *record.FakeRecorder
+	*hubtest.Fleet
+	r *Reconciler
 }
 
-// testHubID is the identity of the hub under test.
-const testHubID = "hub-under-test"
-
-func newFixture(t *testing.T, spokes ...*spoke) *fixture {
+func newFixture(t *testing.T, spokes ...*hubtest.Spoke) *fixture {
 	t.Helper()
 	svc := &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svcName, UID: "hub"}}
-	hub := fake.NewClientBuilder().WithScheme(scheme).WithObjects(svc).Build()
-	f := &fixture{spokes: map[string]*spoke{}, events: record.NewFakeRecorder(1000)}
-	var inv clusters
-	for _, s := range spokes {
-		f.spokes[s.name] = s
-		inv = append(inv, s.cluster())
-	}
-	f.r = &Reconciler{Hub: hub, Inv: inv, Recorder: f.events, Opts: Options{TrustDomain: "fleetinfer.io", HubID: testHubID},
-		CA: &ca.Authority{Client: hub, Reader: hub, Secret: client.ObjectKey{Namespace: "fleetinfer-system", Name: "federation-ca"}}}
+	f := &fixture{Fleet: hubtest.NewFleet(t, []client.Object{svc}, spokes...)}
+	f.r = &Reconciler{Hub: f.Hub.Client, Inv: f.Fleet, Recorder: f.Events, Opts: Options{TrustDomain: "fleetinfer.io", HubID: hubtest.HubID},
+		CA: &ca.Authority{Client: f.Hub.Client, Reader: f.Hub.Reader, Secret: client.ObjectKey{Namespace: "fleetinfer-system", Name: "federation-ca"}}}
 	return f
 }
 
@@ -139,18 +71,16 @@ func (f *fixture) reconcile(t *testing.T) []string {
 	if _, err := f.r.Reconcile(context.Background(), req); err != nil {
 		t.Fatalf("Reconcile: %v", err)
 	}
-	var events []string
-	for len(f.events.Events) > 0 {
-		events = append(events, <-f.events.Events)
-	}
-	return events
+	return f.Events.Drain()
 }
 
-// clearWrites forgets the writes so far.
-func (f *fixture) clearWrites() {
-	for _, s := range f.spokes {
-		s.writes = nil
+// spokeWrites is every write the hub made to each spoke, nil for none.
+func (f *fixture) spokeWrites() map[string][]string {
+	out := map[string][]string{}
+	for _, s := range f.Spokes() {
+		out[s.Name] = s.Writes()
 	}
+	return out
 }
 
 // directory is what the hub published for the picker in cluster, one line
@@ -158,14 +88,10 @@ func (f *fixture) clearWrites() {
 func (f *fixture) directory(t *testing.T, cluster string) []string {
 	t.Helper()
 	cm := &corev1.ConfigMap{}
-	err := f.spokes[cluster].api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svcName)}, cm)
-	if apierrors.IsNotFound(err) {
+	if !f.Get(cluster, client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svcName)}, cm) {
 		return nil
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !fleetv1alpha1.IsOwnedByHub(cm, testHubID) || cm.Labels[v1alpha2.LabelName] != svcName || len(cm.OwnerReferences) != 1 || !ownedByCopyOrImport(cm.OwnerReferences[0], cluster) {
+	if !fleetv1alpha1.IsOwnedByHub(cm, hubtest.HubID) || cm.Labels[v1alpha2.LabelName] != svcName || len(cm.OwnerReferences) != 1 || !ownedByCopyOrImport(cm.OwnerReferences[0], cluster) {
 		t.Errorf("%s: directory labels %v, owners %v; want the hub's, owned by the copy (or import)", cluster, cm.Labels, cm.OwnerReferences)
 	}
 	d, err := fleetv1alpha1.ParsePeerDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
@@ -191,15 +117,11 @@ func (f *fixture) directory(t *testing.T, cluster string) []string {
 func (f *fixture) certified(t *testing.T, cluster string) bool {
 	t.Helper()
 	s := &corev1.Secret{}
-	err := f.spokes[cluster].api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.FederationTLSName(svcName)}, s)
-	if apierrors.IsNotFound(err) {
+	if !f.Get(cluster, client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.FederationTLSName(svcName)}, s) {
 		return false
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	b, _ := pem.Decode(s.Data[corev1.TLSCertKey])
-	if b == nil || !fleetv1alpha1.IsOwnedByHub(s, testHubID) || len(s.Data[corev1.ServiceAccountRootCAKey]) == 0 {
+	if b == nil || !fleetv1alpha1.IsOwnedByHub(s, hubtest.HubID) || len(s.Data[corev1.ServiceAccountRootCAKey]) == 0 {
 		t.Fatalf("%s: certificate Secret %v is not the hub's", cluster, s.Labels)
 	}
 	leaf, err := x509.ParseCertificate(b.Bytes)
@@ -217,7 +139,8 @@ func (f *fixture) certified(t *testing.T, cluster string) bool {
 // from want has neither directory nor certificate.
 func (f *fixture) check(t *testing.T, want map[string][]string) {
 	t.Helper()
-	for name := range f.spokes {
+	for _, s := range f.Spokes() {
+		name := s.Name
 		got, certified := f.directory(t, name), f.certified(t, name)
 		w, member := want[name]
 		switch {
@@ -240,125 +163,141 @@ func hasEvent(events []string, parts ...string) bool {
 	})
 }
 
+// endpoint and parent are the modes the copies of directoryCases ask for.
+const endpoint, parent = fleetv1alpha1.FederationEndpoint, fleetv1alpha1.FederationParent
+
+// notOurs is a copy in central of a service of the same name the hub did
+// not place.
+func notOurs() *v1alpha2.LLMInferenceService {
+	cp := copyOf("central", endpoint, reports("10.0.3.1:9004", ""))
+	cp.Labels = nil
+	return cp
+}
+
+// noFederation is a copy in central of a placement without federation.
+func noFederation() *v1alpha2.LLMInferenceService {
+	cp := copyOf("central", endpoint, reports("10.0.3.1:9004", ""))
+	delete(cp.Annotations, fleetv1alpha1.FederationClusterAnnotation)
+	return cp
+}
+
+// directoryCases are copies in east, west and central (in that order),
+// and the directory each cluster should get.
+var directoryCases = []struct {
+	name   string
+	copies []*v1alpha2.LLMInferenceService
+	want   map[string][]string
+	// events must each be recorded (every part of one Event).
+	events [][]string
+	// podNetworks overrides the clusters' shared pod network.
+	podNetworks map[string]string
+}{{
+	name: "every copy reports its picker",
+	copies: []*v1alpha2.LLMInferenceService{
+		copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+		copyOf("west", endpoint, reports("10.0.2.1:9004", "192.0.2.2:15080")),
+		copyOf("central", endpoint, reports("[fd00::3]:9004", "")),
+	},
+	want: map[string][]string{
+		"east":    {"central [fd00::3]:9004  Endpoint", "west 10.0.2.1:9004 192.0.2.2:15080 Endpoint"},
+		"west":    {"central [fd00::3]:9004  Endpoint", "east 10.0.1.1:9004  Endpoint"},
+		"central": {"east 10.0.1.1:9004  Endpoint", "west 10.0.2.1:9004 192.0.2.2:15080 Endpoint"},
+	},
+	events: [][]string{{"Normal", ReasonPeersUpdated, "east lists 2 peers: central, west"}},
+}, {
+	name: "a copy that reports no picker yet gets its directory and is in nobody's",
+	copies: []*v1alpha2.LLMInferenceService{
+		copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+		copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
+		copyOf("central", endpoint, nil),
+	},
+	want: map[string][]string{
+		"east":    {"west 10.0.2.1:9004  Endpoint"},
+		"west":    {"east 10.0.1.1:9004  Endpoint"},
+		"central": {"east 10.0.1.1:9004  Endpoint", "west 10.0.2.1:9004  Endpoint"},
+	},
+}, {
+	name: "Parent mode leaves out a copy that reports no gateway address",
+	copies: []*v1alpha2.LLMInferenceService{
+		copyOf("east", parent, reports("10.0.1.1:9004", "192.0.2.1:15080")),
+		copyOf("west", parent, reports("10.0.2.1:9004", "192.0.2.2:15080")),
+		copyOf("central", parent, reports("10.0.3.1:9004", "")),
+	},
+	want: map[string][]string{
+		"east":    {"west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+		"west":    {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
+		"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+	},
+	events: [][]string{{"Warning", ReasonGatewayUnknown, "Cluster central", "its copy does not report"}},
+}, {
+	name: "Endpoint mode is used only between clusters that share a pod network, Parent mode between the others",
+	copies: []*v1alpha2.LLMInferenceService{
+		copyOf("east", endpoint, reports("10.0.1.1:9004", "192.0.2.1:15080")),
+		copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
+		copyOf("central", endpoint, reports("10.0.3.1:9004", "192.0.2.3:15080")),
+	},
+	podNetworks: map[string]string{"east": "mesh", "west": "mesh", "central": ""},
+	want: map[string][]string{
+		"east":    {"central 10.0.3.1:9004 192.0.2.3:15080 Parent", "west 10.0.2.1:9004  Endpoint"},
+		"west":    {"central 10.0.3.1:9004 192.0.2.3:15080 Parent", "east 10.0.1.1:9004 192.0.2.1:15080 Endpoint"},
+		"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
+	},
+	events: [][]string{{"Warning", ReasonGatewayUnknown, "Cluster west", "Parent mode needs the address of its gateway"}},
+}, {
+	name: "different pod networks do not reach each other",
+	copies: []*v1alpha2.LLMInferenceService{
+		copyOf("east", endpoint, reports("10.0.1.1:9004", "192.0.2.1:15080")),
+		copyOf("west", endpoint, reports("10.0.2.1:9004", "192.0.2.2:15080")),
+	},
+	podNetworks: map[string]string{"east": "mesh-a", "west": "mesh-b"},
+	want: map[string][]string{
+		"east": {"west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
+		"west": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
+	},
+}, {
+	name: "an address that does not parse is left out",
+	copies: []*v1alpha2.LLMInferenceService{
+		copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+		copyOf("west", endpoint, reports("10.0.2.1", "")),
+	},
+	want: map[string][]string{
+		"east": {},
+		"west": {"east 10.0.1.1:9004  Endpoint"},
+	},
+}, {
+	name: "a copy without federation gets nothing and is in nobody's",
+	copies: []*v1alpha2.LLMInferenceService{
+		copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+		copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
+		noFederation(),
+	},
+	want: map[string][]string{
+		"east": {"west 10.0.2.1:9004  Endpoint"},
+		"west": {"east 10.0.1.1:9004  Endpoint"},
+	},
+}, {
+	name: "a service of the same name the hub did not place is no member",
+	copies: []*v1alpha2.LLMInferenceService{
+		copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
+		copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
+		notOurs(),
+	},
+	want: map[string][]string{
+		"east": {"west 10.0.2.1:9004  Endpoint"},
+		"west": {"east 10.0.1.1:9004  Endpoint"},
+	},
+}}
+
 func TestDirectoriesListWhatTheOtherCopiesReport(t *testing.T) {
-	const endpoint, parent = fleetv1alpha1.FederationEndpoint, fleetv1alpha1.FederationParent
-	notOurs := copyOf("central", endpoint, reports("10.0.3.1:9004", ""))
-	notOurs.Labels = nil
-	noFederation := copyOf("central", endpoint, reports("10.0.3.1:9004", ""))
-	delete(noFederation.Annotations, fleetv1alpha1.FederationClusterAnnotation)
-	cases := []struct {
-		name   string
-		copies []*v1alpha2.LLMInferenceService
-		want   map[string][]string
-		// events must each be recorded (every part of one Event).
-		events [][]string
-		// podNetworks overrides the clusters' shared pod network.
-		podNetworks map[string]string
-	}{{
-		name: "every copy reports its picker",
-		copies: []*v1alpha2.LLMInferenceService{
-			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
-			copyOf("west", endpoint, reports("10.0.2.1:9004", "192.0.2.2:15080")),
-			copyOf("central", endpoint, reports("[fd00::3]:9004", "")),
-		},
-		want: map[string][]string{
-			"east":    {"central [fd00::3]:9004  Endpoint", "west 10.0.2.1:9004 192.0.2.2:15080 Endpoint"},
-			"west":    {"central [fd00::3]:9004  Endpoint", "east 10.0.1.1:9004  Endpoint"},
-			"central": {"east 10.0.1.1:9004  Endpoint", "west 10.0.2.1:9004 192.0.2.2:15080 Endpoint"},
-		},
-		events: [][]string{{"Normal", ReasonPeersUpdated, "east lists 2 peers: central, west"}},
-	}, {
-		name: "a copy that reports no picker yet gets its directory and is in nobody's",
-		copies: []*v1alpha2.LLMInferenceService{
-			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
-			copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
-			copyOf("central", endpoint, nil),
-		},
-		want: map[string][]string{
-			"east":    {"west 10.0.2.1:9004  Endpoint"},
-			"west":    {"east 10.0.1.1:9004  Endpoint"},
-			"central": {"east 10.0.1.1:9004  Endpoint", "west 10.0.2.1:9004  Endpoint"},
-		},
-	}, {
-		name: "Parent mode leaves out a copy that reports no gateway address",
-		copies: []*v1alpha2.LLMInferenceService{
-			copyOf("east", parent, reports("10.0.1.1:9004", "192.0.2.1:15080")),
-			copyOf("west", parent, reports("10.0.2.1:9004", "192.0.2.2:15080")),
-			copyOf("central", parent, reports("10.0.3.1:9004", "")),
-		},
-		want: map[string][]string{
-			"east":    {"west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
-			"west":    {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
-			"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
-		},
-		events: [][]string{{"Warning", ReasonGatewayUnknown, "Cluster central", "its copy does not report"}},
-	}, {
-		name: "Endpoint mode is used only between clusters that share a pod network, Parent mode between the others",
-		copies: []*v1alpha2.LLMInferenceService{
-			copyOf("east", endpoint, reports("10.0.1.1:9004", "192.0.2.1:15080")),
-			copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
-			copyOf("central", endpoint, reports("10.0.3.1:9004", "192.0.2.3:15080")),
-		},
-		podNetworks: map[string]string{"east": "mesh", "west": "mesh", "central": ""},
-		want: map[string][]string{
-			"east":    {"central 10.0.3.1:9004 192.0.2.3:15080 Parent", "west 10.0.2.1:9004  Endpoint"},
-			"west":    {"central 10.0.3.1:9004 192.0.2.3:15080 Parent", "east 10.0.1.1:9004 192.0.2.1:15080 Endpoint"},
-			"central": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
-		},
-		events: [][]string{{"Warning", ReasonGatewayUnknown, "Cluster west", "Parent mode needs the address of its gateway"}},
-	}, {
-		name: "different pod networks do not reach each other",
-		copies: []*v1alpha2.LLMInferenceService{
-			copyOf("east", endpoint, reports("10.0.1.1:9004", "192.0.2.1:15080")),
-			copyOf("west", endpoint, reports("10.0.2.1:9004", "192.0.2.2:15080")),
-		},
-		podNetworks: map[string]string{"east": "mesh-a", "west": "mesh-b"},
-		want: map[string][]string{
-			"east": {"west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
-			"west": {"east 10.0.1.1:9004 192.0.2.1:15080 Parent"},
-		},
-	}, {
-		name: "an address that does not parse is left out",
-		copies: []*v1alpha2.LLMInferenceService{
-			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
-			copyOf("west", endpoint, reports("10.0.2.1", "")),
-		},
-		want: map[string][]string{
-			"east": {},
-			"west": {"east 10.0.1.1:9004  Endpoint"},
-		},
-	}, {
-		name: "a copy without federation gets nothing and is in nobody's",
-		copies: []*v1alpha2.LLMInferenceService{
-			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
-			copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
-			noFederation,
-		},
-		want: map[string][]string{
-			"east": {"west 10.0.2.1:9004  Endpoint"},
-			"west": {"east 10.0.1.1:9004  Endpoint"},
-		},
-	}, {
-		name: "a service of the same name the hub did not place is no member",
-		copies: []*v1alpha2.LLMInferenceService{
-			copyOf("east", endpoint, reports("10.0.1.1:9004", "")),
-			copyOf("west", endpoint, reports("10.0.2.1:9004", "")),
-			notOurs,
-		},
-		want: map[string][]string{
-			"east": {"west 10.0.2.1:9004  Endpoint"},
-			"west": {"east 10.0.1.1:9004  Endpoint"},
-		},
-	}}
-	for _, tc := range cases {
+	for _, tc := range directoryCases {
 		t.Run(tc.name, func(t *testing.T) {
-			spokes := []*spoke{newSpoke(t, "east"), newSpoke(t, "west"), newSpoke(t, "central")}
+			spokes := []*hubtest.Spoke{newSpoke("east"), newSpoke("west"), newSpoke("central")}
 			for i, cp := range tc.copies {
-				spokes[i] = newSpoke(t, spokes[i].name, cp)
+				spokes[i] = newSpoke(spokes[i].Name, cp)
 			}
 			for _, s := range spokes {
-				if n, ok := tc.podNetworks[s.name]; ok {
-					s.podNetwork = n
+				if n, ok := tc.podNetworks[s.Name]; ok {
+					s.Labels[fleetv1alpha1.PodNetworkLabel] = n
 				}
 			}
 			f := newFixture(t, spokes...)
@@ -373,16 +312,22 @@ func TestDirectoriesListWhatTheOtherCopiesReport(t *testing.T) {
 	}
 }
 
-// setCopy changes the copy in cluster through the API, as its spoke would.
+// setCopy changes the copy in cluster through the API, as its spoke would:
+// its object, then its status.
 func (f *fixture) setCopy(t *testing.T, cluster string, change func(*v1alpha2.LLMInferenceService)) {
 	t.Helper()
-	api := f.spokes[cluster].api
+	api := f.Spoke(cluster).API
 	cp := &v1alpha2.LLMInferenceService{}
 	if err := api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: svcName}, cp); err != nil {
 		t.Fatal(err)
 	}
 	change(cp)
+	status := cp.Status
 	if err := api.Update(context.Background(), cp); err != nil {
+		t.Fatal(err)
+	}
+	cp.Status = status
+	if err := api.Status().Update(context.Background(), cp); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -390,20 +335,22 @@ func (f *fixture) setCopy(t *testing.T, cluster string, change func(*v1alpha2.LL
 func threeReporting(t *testing.T) *fixture {
 	t.Helper()
 	return newFixture(t,
-		newSpoke(t, "east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.0.1.1:9004", ""))),
-		newSpoke(t, "west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.0.2.1:9004", ""))),
-		newSpoke(t, "central", copyOf("central", fleetv1alpha1.FederationEndpoint, reports("10.0.3.1:9004", ""))))
+		newSpoke("east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.0.1.1:9004", ""))),
+		newSpoke("west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.0.2.1:9004", ""))),
+		newSpoke("central", copyOf("central", fleetv1alpha1.FederationEndpoint, reports("10.0.3.1:9004", ""))))
 }
 
 func TestDirectoriesCarryTheRangesOfEachClustersRegistration(t *testing.T) {
-	east := newSpoke(t, "east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.1.0.5:9004", "")))
-	west := newSpoke(t, "west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.2.0.5:9004", "")))
-	central := newSpoke(t, "central", copyOf("central", fleetv1alpha1.FederationEndpoint, reports("10.3.0.5:9004", "")))
-	east.podCIDRs, west.podCIDRs, central.podCIDRs = "10.1.0.0/16, fd00:1::/64", "10.2.0.0/16", "not a range"
+	east := newSpoke("east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.1.0.5:9004", "")))
+	west := newSpoke("west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.2.0.5:9004", "")))
+	central := newSpoke("central", copyOf("central", fleetv1alpha1.FederationEndpoint, reports("10.3.0.5:9004", "")))
+	for s, cidrs := range map[*hubtest.Spoke]string{east: "10.1.0.0/16, fd00:1::/64", west: "10.2.0.0/16", central: "not a range"} {
+		s.Properties = map[string]string{fleetv1alpha1.PodCIDRsProperty: cidrs}
+	}
 	f := newFixture(t, east, west, central)
 	f.reconcile(t)
 	cm := &corev1.ConfigMap{}
-	if err := east.api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svcName)}, cm); err != nil {
+	if err := east.API.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: fleetv1alpha1.PeerDirectoryName(svcName)}, cm); err != nil {
 		t.Fatal(err)
 	}
 	d, err := fleetv1alpha1.ParsePeerDirectory([]byte(cm.Data[fleetv1alpha1.PeerDirectoryKey]))
@@ -427,29 +374,30 @@ func TestDirectoriesCarryTheRangesOfEachClustersRegistration(t *testing.T) {
 func TestAPickerMovingRewritesOnlyTheOtherDirectories(t *testing.T) {
 	f := threeReporting(t)
 	f.reconcile(t)
-	f.clearWrites()
+	f.ClearWrites()
 
 	if events := f.reconcile(t); len(events) > 0 {
 		t.Errorf("nothing changed, yet Events %q", events)
 	}
-	for name, s := range f.spokes {
-		if len(s.writes) > 0 {
-			t.Errorf("nothing changed, yet %s got %q", name, s.writes)
+	for name, w := range f.spokeWrites() {
+		if len(w) > 0 {
+			t.Errorf("nothing changed, yet %s got %q", name, w)
 		}
 	}
 
 	f.setCopy(t, "east", func(cp *v1alpha2.LLMInferenceService) { cp.Status.Federation.PickerAddress = "10.0.1.9:9004" })
-	f.clearWrites()
+	f.ClearWrites()
 	events := f.reconcile(t)
 	f.check(t, map[string][]string{
 		"east":    {"central 10.0.3.1:9004  Endpoint", "west 10.0.2.1:9004  Endpoint"},
 		"west":    {"central 10.0.3.1:9004  Endpoint", "east 10.0.1.9:9004  Endpoint"},
 		"central": {"east 10.0.1.9:9004  Endpoint", "west 10.0.2.1:9004  Endpoint"},
 	})
-	want := map[string][]string{"east": nil, "west": {"update *v1.ConfigMap"}, "central": {"update *v1.ConfigMap"}}
-	for name, s := range f.spokes {
-		if !slices.Equal(s.writes, want[name]) {
-			t.Errorf("%s got %q, want %q", name, s.writes, want[name])
+	directory := "update ConfigMap " + ns + "/" + fleetv1alpha1.PeerDirectoryName(svcName)
+	want := map[string][]string{"east": nil, "west": {directory}, "central": {directory}}
+	for name, w := range f.spokeWrites() {
+		if !slices.Equal(w, want[name]) {
+			t.Errorf("%s got %q, want %q", name, w, want[name])
 		}
 	}
 	if !hasEvent(events, ReasonPeersUpdated, "west") || !hasEvent(events, ReasonPeersUpdated, "central") || hasEvent(events, ReasonPeersUpdated, "cluster east") {
@@ -482,11 +430,11 @@ func TestACopyThatStopsFederatingLosesItsDirectoryAndCertificate(t *testing.T) {
 	f.check(t, map[string][]string{"east": {}})
 
 	// Once gone, nothing is left to remove.
-	f.clearWrites()
+	f.ClearWrites()
 	f.reconcile(t)
-	for name, s := range f.spokes {
-		if len(s.writes) > 0 {
-			t.Errorf("%s got %q after everything was removed", name, s.writes)
+	for name, w := range f.spokeWrites() {
+		if len(w) > 0 {
+			t.Errorf("%s got %q after everything was removed", name, w)
 		}
 	}
 }
@@ -497,15 +445,15 @@ func TestAnObjectTheHubDidNotCreateIsLeftAloneAndReported(t *testing.T) {
 			Data: map[string]string{fleetv1alpha1.PeerDirectoryKey: "peers: []\n"}}
 	}
 	f := newFixture(t,
-		newSpoke(t, "east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.0.1.1:9004", "")), mine()),
-		newSpoke(t, "west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.0.2.1:9004", ""))))
+		newSpoke("east", copyOf("east", fleetv1alpha1.FederationEndpoint, reports("10.0.1.1:9004", "")), mine()),
+		newSpoke("west", copyOf("west", fleetv1alpha1.FederationEndpoint, reports("10.0.2.1:9004", ""))))
 	unchanged := func() {
 		t.Helper()
 		cm := &corev1.ConfigMap{}
-		if err := f.spokes["east"].api.Get(context.Background(), client.ObjectKeyFromObject(mine()), cm); err != nil {
+		if err := f.Spoke("east").API.Get(context.Background(), client.ObjectKeyFromObject(mine()), cm); err != nil {
 			t.Fatalf("east's own ConfigMap: %v", err)
 		}
-		if fleetv1alpha1.IsOwnedByHub(cm, testHubID) || cm.Data[fleetv1alpha1.PeerDirectoryKey] != "peers: []\n" || len(cm.OwnerReferences) > 0 {
+		if fleetv1alpha1.IsOwnedByHub(cm, hubtest.HubID) || cm.Data[fleetv1alpha1.PeerDirectoryKey] != "peers: []\n" || len(cm.OwnerReferences) > 0 {
 			t.Errorf("east's own ConfigMap was changed: %+v", cm)
 		}
 	}

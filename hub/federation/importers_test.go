@@ -13,6 +13,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 )
 
 const importName = svcName + "-inference-pool"
@@ -36,7 +37,7 @@ func exporting(cluster, picker, gateway string) *v1alpha2.LLMInferenceService {
 // spoke's import controller when routed is true.
 func importOf(cluster string, routed bool) *igwapixv1alpha1.InferencePoolImport {
 	imp := &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: importName, UID: types.UID(cluster + "-import")}}
-	fleetv1alpha1.MarkOwnedByHub(imp, testHubID)
+	fleetv1alpha1.MarkOwnedByHub(imp, hubtest.HubID)
 	imp.Status.Controllers = []igwapixv1alpha1.ImportController{{Name: "fleetinfer.io/hub",
 		ExportingClusters: []igwapixv1alpha1.ExportingCluster{{Name: "east"}, {Name: "west"}}}}
 	if routed {
@@ -54,11 +55,11 @@ func importOf(cluster string, routed bool) *igwapixv1alpha1.InferencePoolImport 
 func TestAClusterRoutingTheImportSubscribesToTheFederation(t *testing.T) {
 	endpointOnly := copyOf("central", fleetv1alpha1.FederationEndpoint, reports("10.0.3.1:9004", ""))
 	f := newFixture(t,
-		newSpoke(t, "east", exporting("east", "10.0.1.1:9004", "192.0.2.1:15080")),
-		newSpoke(t, "west", exporting("west", "10.0.2.1:9004", "192.0.2.2:15080")),
-		newSpoke(t, "central", endpointOnly),
-		newSpoke(t, "edge", importOf("edge", true)),
-		newSpoke(t, "north", importOf("north", false)))
+		newSpoke("east", exporting("east", "10.0.1.1:9004", "192.0.2.1:15080")),
+		newSpoke("west", exporting("west", "10.0.2.1:9004", "192.0.2.2:15080")),
+		newSpoke("central", endpointOnly),
+		newSpoke("edge", importOf("edge", true)),
+		newSpoke("north", importOf("north", false)))
 	f.reconcile(t)
 	// Each directory holds the peers in its own copy's mode: east and west
 	// ask Parent, central Endpoint, an importer always Parent. central
@@ -71,25 +72,25 @@ func TestAClusterRoutingTheImportSubscribesToTheFederation(t *testing.T) {
 		"edge":    {"east 10.0.1.1:9004 192.0.2.1:15080 Parent", "west 10.0.2.1:9004 192.0.2.2:15080 Parent"},
 	})
 	imp := &igwapixv1alpha1.InferencePoolImport{}
-	if err := f.spokes["edge"].api.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: importName}, imp); err != nil {
+	if err := f.Spoke("edge").API.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: importName}, imp); err != nil {
 		t.Fatal(err)
 	}
 	if imp.Labels[v1alpha2.LabelName] != svcName || imp.Annotations[fleetv1alpha1.FederationClusterAnnotation] != "edge" {
 		t.Errorf("import labels %v, annotations %v; want the service and the cluster", imp.Labels, imp.Annotations)
 	}
 
-	f.clearWrites()
+	f.ClearWrites()
 	f.reconcile(t)
-	for name, s := range f.spokes {
-		if len(s.writes) > 0 {
-			t.Errorf("%s: steady state wrote %v", name, s.writes)
+	for name, w := range f.spokeWrites() {
+		if len(w) > 0 {
+			t.Errorf("%s: steady state wrote %v", name, w)
 		}
 	}
 
 	imp.Status.Controllers = slices.DeleteFunc(imp.Status.Controllers, func(c igwapixv1alpha1.ImportController) bool {
 		return c.Name == fleetv1alpha1.ImportControllerName
 	})
-	if err := f.spokes["edge"].api.Update(context.Background(), imp); err != nil {
+	if err := f.Spoke("edge").API.Status().Update(context.Background(), imp); err != nil {
 		t.Fatal(err)
 	}
 	f.reconcile(t)

@@ -194,7 +194,7 @@ func TestUnavailableSinceStartsAtTheFailureAndClearsOnRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	mc.Status.Conditions[0].Status, mc.Status.Conditions[0].Reason = metav1.ConditionTrue, "ManagedClusterAvailable"
-	if err := hub.Update(ctx, mc); err != nil {
+	if err := hub.Status().Update(ctx, mc); err != nil {
 		t.Fatal(err)
 	}
 	c = probeUntil(t, inv, name, true)

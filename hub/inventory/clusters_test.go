@@ -110,7 +110,7 @@ func TestAReplacedEngagementOutlivesItsPredecessor(t *testing.T) {
 	srv := newAPIServer(t)
 	_, endFirst := engage(t, inv, name, srv.URL)
 	ch := inv.Subscribe(4)
-	second := newFakeCluster(t, name, srv.URL)
+	second := newFakeCluster(name, srv.URL)
 	if err := inv.Engage(t.Context(), multicluster.ClusterName(name), second); err != nil {
 		t.Fatal(err)
 	}

@@ -9,15 +9,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	clusterv1 "open-cluster-management.io/api/cluster/v1"
-	clusterinventoryv1alpha1 "sigs.k8s.io/cluster-inventory-api/apis/v1alpha1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 )
 
 // registrations is the namespace of the registration Secrets and
@@ -72,38 +69,26 @@ func newAPIServer(t *testing.T) *apiServer {
 
 func (s *apiServer) answer(status int) { s.status.Store(int32(status)) }
 
-func newScheme(t *testing.T) *runtime.Scheme {
-	t.Helper()
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.Install, clusterinventoryv1alpha1.AddToScheme} {
-		if err := add(s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return s
-}
-
 // newInventory builds an inventory whose hub holds objs.
 func newInventory(t *testing.T, objs ...client.Object) (*Inventory, client.Client) {
 	t.Helper()
-	hub := fake.NewClientBuilder().WithScheme(newScheme(t)).WithObjects(objs...).Build()
+	hub := fakeapi.New(objs...).Client
 	inv := New(Options{Hub: hub, Namespace: registrations, ProbeTimeout: 500 * time.Millisecond, Log: testr.New(t)})
 	return inv, hub
 }
 
 // newFakeCluster is a cluster whose API server is at host, with a bearer
-// token of its own and an empty fake client.
-func newFakeCluster(t *testing.T, name, host string) *fakeCluster {
-	t.Helper()
-	spoke := fake.NewClientBuilder().WithScheme(newScheme(t)).Build()
-	return &fakeCluster{cfg: &rest.Config{Host: host, BearerToken: "token-" + name}, client: spoke, reader: spoke}
+// token of its own and an empty fake API.
+func newFakeCluster(name, host string) *fakeCluster {
+	spoke := fakeapi.NewSpoke()
+	return &fakeCluster{cfg: &rest.Config{Host: host, BearerToken: "token-" + name}, client: spoke.Client, reader: spoke.Reader}
 }
 
 // engage engages a cluster whose API server is at host until the returned
 // cancel is called or the test ends.
 func engage(t *testing.T, inv *Inventory, name, host string) (*fakeCluster, context.CancelFunc) {
 	t.Helper()
-	cl := newFakeCluster(t, name, host)
+	cl := newFakeCluster(name, host)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if err := inv.Engage(ctx, multicluster.ClusterName(name), cl); err != nil {

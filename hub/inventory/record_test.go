@@ -12,11 +12,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	clusterv1 "open-cluster-management.io/api/cluster/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
+
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 )
 
 // restart builds a second inventory on the same hub, as a restarted hub
@@ -99,14 +100,14 @@ func TestARegistrationsLossCountsFromItsConditionsTransition(t *testing.T) {
 func TestAFailedRegistrationReadKeepsTheLastVerdict(t *testing.T) {
 	var failing bool
 	mc := managedCluster("ocm", metav1.ConditionFalse, "Lost")
-	hub := fake.NewClientBuilder().WithScheme(newScheme(t)).WithObjects(mc).WithStatusSubresource(mc).WithInterceptorFuncs(interceptor.Funcs{
-		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-			if _, ok := obj.(*clusterv1.ManagedCluster); ok && failing {
-				return errors.New("etcdserver: request timed out")
-			}
-			return c.Get(ctx, key, obj, opts...)
-		}}).Build()
-	inv := New(Options{Hub: hub, Namespace: registrations, ProbeTimeout: 500 * time.Millisecond, Log: testr.New(t)})
+	hub := fakeapi.New(mc)
+	hub.Inject(func(_ context.Context, verb string, obj runtime.Object) error {
+		if _, ok := obj.(*clusterv1.ManagedCluster); ok && verb == "get" && failing {
+			return errors.New("etcdserver: request timed out")
+		}
+		return nil
+	})
+	inv := New(Options{Hub: hub.Client, Namespace: registrations, ProbeTimeout: 500 * time.Millisecond, Log: testr.New(t)})
 	srv := newAPIServer(t)
 	engage(t, inv, "ocm", srv.URL)
 	probeUntil(t, inv, "ocm", false)
@@ -119,7 +120,7 @@ func TestAFailedRegistrationReadKeepsTheLastVerdict(t *testing.T) {
 
 	failing = false
 	mc.Status.Conditions[0].Status, mc.Status.Conditions[0].Reason = metav1.ConditionTrue, "Back"
-	if err := hub.Status().Update(context.Background(), mc); err != nil {
+	if err := hub.API.Status().Update(context.Background(), mc); err != nil {
 		t.Fatal(err)
 	}
 	probeUntil(t, inv, "ocm", true)
@@ -195,11 +196,11 @@ func TestARegisteredClusterNotEngagedIsUnavailableSinceItsRecordedLoss(t *testin
 func TestANewLeaderTrustsARecordedLossOnlyAfterItsEngageGrace(t *testing.T) {
 	const grace = 300 * time.Millisecond
 	lost := time.Now().Add(-time.Hour).Truncate(time.Second)
-	hub := fake.NewClientBuilder().WithScheme(newScheme(t)).WithObjects(
+	hub := fakeapi.New(
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: "slow",
 			Labels: map[string]string{kubeconfig.DefaultKubeconfigSecretLabel: "true"}}},
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: registrations, Name: RecordName},
-			Data: map[string]string{"slow": lost.UTC().Format(time.RFC3339)}}).Build()
+			Data: map[string]string{"slow": lost.UTC().Format(time.RFC3339)}}).Client
 	inv := New(Options{Hub: hub, Namespace: registrations, ProbeInterval: time.Hour, EngageGrace: grace, Log: testr.New(t)})
 	changes := inv.Subscribe(4)
 	ctx, cancel := context.WithCancel(context.Background())

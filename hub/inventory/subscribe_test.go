@@ -98,7 +98,7 @@ func TestAFullSubscriberBlocksNeitherTheInventoryNorOthers(t *testing.T) {
 	first, second := inv.Subscribe(4), inv.Subscribe(4)
 	srv := newAPIServer(t)
 
-	cl := newFakeCluster(t, name, srv.URL)
+	cl := newFakeCluster(name, srv.URL)
 	done := make(chan error, 1)
 	go func() {
 		if err := inv.Engage(t.Context(), multicluster.ClusterName(name), cl); err != nil {

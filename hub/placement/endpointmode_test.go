@@ -7,17 +7,12 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
-	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
 // podNetworks labels clusters by name with their pod network ("" for none).
@@ -96,23 +91,12 @@ func TestEndpointModeConditionBoundsThePairsItNames(t *testing.T) {
 	}
 }
 
-// fixedClusters is an inventory.Source whose clusters a test relabels.
-type fixedClusters []inventory.Cluster
-
-func (f fixedClusters) Clusters(context.Context) []inventory.Cluster { return f }
-
 // A placement asking for Endpoint mode says, in its EndpointMode condition,
 // whether its services' clusters can use it, follows their labels, and
 // records one Event per change; a placement that asks for Parent mode has
 // no such condition.
 func TestPlacementStatusReportsWhetherEndpointModeCanBeUsed(t *testing.T) {
 	ctx := context.Background()
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1alpha2.AddToScheme, fleetv1alpha1.AddToScheme} {
-		if err := add(s); err != nil {
-			t.Fatal(err)
-		}
-	}
 	const ns = "llm"
 	p := &fleetv1alpha1.InferencePlacement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fleet", Generation: 1},
 		Spec: fleetv1alpha1.InferencePlacementSpec{Federation: fleetv1alpha1.Federation{Mode: fleetv1alpha1.FederationEndpoint}}}
@@ -121,23 +105,15 @@ func TestPlacementStatusReportsWhetherEndpointModeCanBeUsed(t *testing.T) {
 	svc.Status.Clusters = []v1alpha2.ClusterStatus{{Name: "east", DesiredReplicas: 1}, {Name: "west", DesiredReplicas: 2}, {Name: "central", DesiredReplicas: 0}}
 	noRouter := &v1alpha2.LLMInferenceService{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain"}}
 	noRouter.Status.Clusters = []v1alpha2.ClusterStatus{{Name: "east", DesiredReplicas: 1}, {Name: "central", DesiredReplicas: 1}}
-	writes := 0
-	hub := fake.NewClientBuilder().WithScheme(s).WithObjects(p, svc, noRouter).
-		WithStatusSubresource(&fleetv1alpha1.InferencePlacement{}, &v1alpha2.LLMInferenceService{}).
-		WithInterceptorFuncs(hubtest.RecordWrites(func(string, client.Object) { writes++ })).Build()
-	clusters := fixedClusters{}
-	for name, net := range map[string]string{"east": "mesh", "west": "", "central": ""} {
-		clusters = append(clusters, inventory.Cluster{Name: name, Labels: podNetworks(map[string]string{name: net})[name]})
+	var spokes []*hubtest.Spoke
+	for _, c := range []struct{ name, net string }{{"east", "mesh"}, {"west", ""}, {"central", ""}} {
+		s := hubtest.NewSpoke(c.name)
+		s.Labels = podNetworks(map[string]string{c.name: c.net})[c.name]
+		spokes = append(spokes, s)
 	}
-	setNetwork := func(name, net string) {
-		for i := range clusters {
-			if clusters[i].Name == name {
-				clusters[i].Labels = podNetworks(map[string]string{name: net})[name]
-			}
-		}
-	}
-	events := record.NewFakeRecorder(100)
-	r := &StatusReconciler{Hub: hub, Clusters: clusters, Recorder: events}
+	f := hubtest.NewFleet(t, []client.Object{p, svc, noRouter}, spokes...)
+	hub := f.Hub.API
+	r := &StatusReconciler{Hub: f.Hub.Client, Clusters: f, Recorder: f.Events}
 	reconcile := func() (*metav1.Condition, []string) {
 		t.Helper()
 		if _, err := r.Reconcile(ctx, watch.Request(ns, "fleet")); err != nil {
@@ -147,11 +123,7 @@ func TestPlacementStatusReportsWhetherEndpointModeCanBeUsed(t *testing.T) {
 		if err := hub.Get(ctx, client.ObjectKeyFromObject(p), got); err != nil {
 			t.Fatal(err)
 		}
-		var recorded []string
-		for len(events.Events) > 0 {
-			recorded = append(recorded, <-events.Events)
-		}
-		return meta.FindStatusCondition(got.Status.Conditions, ConditionEndpointMode), recorded
+		return meta.FindStatusCondition(got.Status.Conditions, ConditionEndpointMode), f.Events.Drain()
 	}
 
 	// west is unlabelled: east and west use Parent mode. central has no
@@ -165,12 +137,12 @@ func TestPlacementStatusReportsWhetherEndpointModeCanBeUsed(t *testing.T) {
 		t.Errorf("Events %q, want one Warning naming the pair", recorded)
 	}
 
-	writes = 0
-	if _, recorded := reconcile(); len(recorded) != 0 || writes != 0 {
-		t.Errorf("nothing changed, yet %d writes and Events %q", writes, recorded)
+	f.ClearWrites()
+	if _, recorded := reconcile(); len(recorded) != 0 || len(f.Writes()) != 0 {
+		t.Errorf("nothing changed, yet writes %q and Events %q", f.Writes(), recorded)
 	}
 
-	setNetwork("west", "mesh")
+	f.Spoke("west").Labels = podNetworks(map[string]string{"west": "mesh"})["west"]
 	c, recorded = reconcile()
 	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonPodNetworksShared {
 		t.Fatalf("EndpointMode %+v, want True once west joins east's pod network", c)

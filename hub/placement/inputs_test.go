@@ -7,13 +7,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
 )
@@ -83,28 +82,16 @@ func TestNeedOfCountsAsTheSpokesCapacityDoes(t *testing.T) {
 
 // capacityCluster is a registered cluster whose ClusterCapacity reports one
 // node per entry.
-func capacityCluster(t *testing.T, name string, entries ...fleetv1alpha1.AcceleratorCapacity) inventory.Cluster {
-	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := fleetv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	cc := &fleetv1alpha1.ClusterCapacity{ObjectMeta: metav1.ObjectMeta{Name: fleetv1alpha1.ClusterCapacityName},
-		Status: fleetv1alpha1.ClusterCapacityStatus{Accelerators: entries}}
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(cc).WithStatusSubresource(cc).Build()
-	return inventory.Cluster{Name: name, Client: c, Reader: c}
-}
-
-func node(r corev1.ResourceName, product string, allocatable, free int64) fleetv1alpha1.AcceleratorCapacity {
-	return fleetv1alpha1.AcceleratorCapacity{Resource: r, Product: product, Nodes: 1, Allocatable: allocatable,
-		Requested: allocatable - free, Free: free, LargestFreeOnNode: free, FreeNodes: []fleetv1alpha1.FreeBucket{{Free: free, Nodes: 1}}}
+func capacityCluster(name string, entries ...fleetv1alpha1.AcceleratorCapacity) inventory.Cluster {
+	c := fakeapi.NewSpoke(hubtest.Capacity(entries...))
+	return inventory.Cluster{Name: name, Client: c.Client, Reader: c.Reader}
 }
 
 func TestAMDServiceIsPlacedOnlyWhereAMDGPUsAreFree(t *testing.T) {
 	fleet := Fleet{Now: time.Now(), Clusters: []inventory.Cluster{
-		capacityCluster(t, "nvidia-free", node(accelerator.NVIDIA, "NVIDIA-H100-80GB-HBM3", 8, 8)),
-		capacityCluster(t, "amd-used", node(accelerator.AMD, "MI300X", 8, 0), node(accelerator.NVIDIA, "NVIDIA-L4", 8, 8)),
-		capacityCluster(t, "amd-free", node(accelerator.AMD, "MI300X", 8, 8)),
+		capacityCluster("nvidia-free", hubtest.GPUNode(accelerator.NVIDIA, "NVIDIA-H100-80GB-HBM3", 8, 8)),
+		capacityCluster("amd-used", hubtest.GPUNode(accelerator.AMD, "MI300X", 8, 0), hubtest.GPUNode(accelerator.NVIDIA, "NVIDIA-L4", 8, 8)),
+		capacityCluster("amd-free", hubtest.GPUNode(accelerator.AMD, "MI300X", 8, 8)),
 	}}
 	svc := &v1alpha2.LLMInferenceService{Spec: v1alpha2.LLMInferenceServiceSpec{WorkloadSpec: v1alpha2.WorkloadSpec{Template: &corev1.PodSpec{
 		Containers: []corev1.Container{{Name: "main", Resources: requests(accelerator.AMD, 2)}}}}}}
@@ -127,7 +114,7 @@ func TestAMDServiceIsPlacedOnlyWhereAMDGPUsAreFree(t *testing.T) {
 func TestInputsKeepAClusterWithinItsToleration(t *testing.T) {
 	now := time.Now()
 	down := func(name string, since time.Duration) inventory.Cluster {
-		c := capacityCluster(t, name)
+		c := capacityCluster(name)
 		c.UnavailableSince, c.Reason = now.Add(-since), "probe failed"
 		return c
 	}
@@ -143,11 +130,11 @@ func TestInputsKeepAClusterWithinItsToleration(t *testing.T) {
 		wantHealthy bool
 		wantRequeue bool
 	}{
-		{"available", pl, capacityCluster(t, "a"), nil, true, false},
+		{"available", pl, capacityCluster("a"), nil, true, false},
 		{"unavailable within the toleration", pl, down("a", 10*time.Second), nil, true, true},
 		{"unavailable beyond the toleration", pl, down("a", 2*time.Minute), nil, false, false},
-		{"recovered after failover, rebalance Never", never, capacityCluster(t, "a"), []string{"a"}, false, false},
-		{"recovered after failover, rebalance allowed", pl, capacityCluster(t, "a"), []string{"a"}, true, false},
+		{"recovered after failover, rebalance Never", never, capacityCluster("a"), []string{"a"}, false, false},
+		{"recovered after failover, rebalance allowed", pl, capacityCluster("a"), []string{"a"}, true, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -39,7 +39,16 @@ func spec(strategy fleetv1alpha1.ReplicaStrategy) fleetv1alpha1.InferencePlaceme
 	return fleetv1alpha1.InferencePlacementSpec{Replicas: fleetv1alpha1.ReplicaScheduling{Strategy: strategy}}
 }
 
-func TestDecide(t *testing.T) {
+// decideCase is a request, the clusters to place it on and the summary of
+// the decision.
+type decideCase struct {
+	name     string
+	req      Request
+	clusters []Cluster
+	want     string
+}
+
+func decideCases() []decideCase {
 	h100 := Need{Product: "H100", PerPod: 1, Pods: 1}
 	fleet := []Cluster{
 		gpuCluster("east", "H100", 8, 8), // room 16
@@ -73,12 +82,7 @@ func TestDecide(t *testing.T) {
 	byName := spec(fleetv1alpha1.Duplicated)
 	byName.Clusters.Names = []string{"east", "central"}
 
-	cases := []struct {
-		name     string
-		req      Request
-		clusters []Cluster
-		want     string
-	}{
+	return []decideCase{
 		{"duplicated runs the service's replicas in every eligible cluster",
 			Request{Spec: spec(fleetv1alpha1.Duplicated), Replicas: 2, Need: h100}, fleet, "east=2,west=2"},
 		{"a CPU model can go anywhere",
@@ -106,7 +110,10 @@ func TestDecide(t *testing.T) {
 		{"multi-node groups need whole groups of pods",
 			Request{Spec: free, Need: Need{Product: "H100", PerPod: 4, Pods: 2}}, fleet, "east=2 unplaced=8"},
 	}
-	for _, c := range cases {
+}
+
+func TestDecide(t *testing.T) {
+	for _, c := range decideCases() {
 		t.Run(c.name, func(t *testing.T) {
 			d, err := Decide(c.req, c.clusters)
 			if err != nil {
