@@ -35,6 +35,9 @@ type InferencePlacementSpec struct {
 	// ServiceSelector selects the LLMInferenceServices of this namespace
 	// that the placement applies to; empty selects all of them.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="serviceSelector: matchExpressions[].operator must be In, NotIn, Exists or DoesNotExist"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['Exists', 'DoesNotExist'] || (has(e.values) && size(e.values) > 0))",message="serviceSelector: matchExpressions[].values must not be empty for In and NotIn (an empty list matches nothing); leave the expression out instead"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, !(e.operator in ['Exists', 'DoesNotExist']) || !has(e.values) || size(e.values) == 0)",message="serviceSelector: matchExpressions[].values must be empty for Exists and DoesNotExist"
 	ServiceSelector *metav1.LabelSelector `json:"serviceSelector,omitempty"`
 
 	// Clusters are the eligible clusters; without any constraint every
@@ -84,6 +87,9 @@ type ClusterAffinity struct {
 	// Selector matches cluster labels (the OCM ManagedCluster's, the
 	// ClusterProfile's, or the registration Secret's).
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="clusters.selector: matchExpressions[].operator must be In, NotIn, Exists or DoesNotExist"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['Exists', 'DoesNotExist'] || (has(e.values) && size(e.values) > 0))",message="clusters.selector: matchExpressions[].values must not be empty for In and NotIn (an empty list matches nothing); leave the expression out instead"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, !(e.operator in ['Exists', 'DoesNotExist']) || !has(e.values) || size(e.values) == 0)",message="clusters.selector: matchExpressions[].values must be empty for Exists and DoesNotExist"
 	Selector *metav1.LabelSelector `json:"selector,omitempty"`
 
 	// Properties match ClusterProfile properties and OCM cluster claims.
