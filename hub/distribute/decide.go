@@ -85,11 +85,13 @@ type failover struct {
 // outcome carries the Placed condition and the decision memory for report.
 //
 // Deciding never empties a running service: when it fails (no placement,
-// several, the placements or an OCM Placement's decisions unreadable) or
-// chooses no cluster while copies of this hub exist, the outcome keeps what
-// runs (see kept) and says why in the Placed condition. Only deleting the
-// service on the hub removes its last copy. An error is returned with an
-// outcome that keeps, so the caller still reports it.
+// several, the placements or an OCM Placement's decisions unreadable, the
+// placement invalid) or chooses no cluster while copies of this hub exist,
+// the outcome keeps what runs (see kept) and says why in the Placed
+// condition. One function holds that for every phase (neverEmpties): only
+// deleting the service on the hub, or asking for zero replicas, removes its
+// last copy. An error is returned with an outcome that keeps, so the caller
+// still reports it.
 //
 // The phases run in order on one decideScope; each returns done when the
 // outcome is settled: the placement (selectPlacement), the decision in
@@ -98,11 +100,17 @@ type failover struct {
 func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceService, clusters []inventory.Cluster, copies map[string]*observed) (outcome, error) {
 	s := &decideScope{svc: svc, clusters: clusters, copies: copies, prev: placement.InForce(&svc.Status)}
 	s.running = kept(currentDecision(svc, s.prev), copies)
+	out, err := r.decidePhases(ctx, s)
+	return s.neverEmpties(out), err
+}
+
+// decidePhases runs the phases of decide on s.
+func (r *Reconciler) decidePhases(ctx context.Context, s *decideScope) (outcome, error) {
 	if out, done, err := r.selectPlacement(ctx, s); done {
 		return out, err
 	}
 	r.observeInForce(s)
-	if engaging := engagingClusters(clusters); s.prev != nil && len(engaging) > 0 {
+	if engaging := engagingClusters(s.clusters); s.prev != nil && len(engaging) > 0 {
 		// A hub that began to lead moments ago has not reached these
 		// clusters yet: their copies and capacity are unknown, and a
 		// decision without them could retire a copy elsewhere before
@@ -115,10 +123,40 @@ func (r *Reconciler) decide(ctx context.Context, svc *v1alpha2.LLMInferenceServi
 	}
 	d, err := placement.Decide(s.req, s.inputs)
 	if err != nil {
+		// An invalid placement (a selector the API server let through,
+		// from a CRD older than its validation) decides nothing: the
+		// guard in decide keeps what runs.
 		return outcome{placed: condition(placement.Placed, corev1.ConditionFalse, placement.ReasonInvalidPlacement,
 			fmt.Sprintf("InferencePlacement %s: %v", s.pl.Name, err)), memory: s.prev, requeue: s.requeue}, nil
 	}
 	return s.placeAgain(d), nil
+}
+
+// neverEmpties holds decide's promise in one place, whatever phase settled
+// out: an outcome that would leave no copy of a service that runs is
+// turned into one that keeps what runs (keepOutcome), with out's reason and
+// message, unless the service or its placement asks for zero replicas.
+// Deleting the hub service does not come through decide.
+func (s *decideScope) neverEmpties(out outcome) outcome {
+	if out.keep || len(out.want) > 0 || len(s.running.want) == 0 || s.asksForZero() {
+		return out
+	}
+	reason, msg := placement.ReasonNoEligibleCluster, "no cluster was decided"
+	if out.placed != nil {
+		reason, msg = out.placed.Reason, out.placed.Message
+	}
+	k := keepOutcome(s.running, s.prev, reason, msg)
+	k.requeue = out.requeue
+	return k
+}
+
+// asksForZero reports an explicit replicas: 0, on the service or as the
+// placement's total: the one decision that may remove every copy.
+func (s *decideScope) asksForZero() bool {
+	if r := s.svc.Spec.Replicas; r != nil && *r == 0 {
+		return true
+	}
+	return s.pl != nil && s.pl.Spec.Replicas.Total != nil && *s.pl.Spec.Replicas.Total == 0
 }
 
 // decideScope is what the phases of decide share.

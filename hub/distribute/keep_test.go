@@ -49,6 +49,8 @@ func TestADecisionErrorKeepsWhatRuns(t *testing.T) {
 	overlapping := &fleetv1alpha1.InferencePlacement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "everything", UID: "uid-everything"}}
 	nowhere := gpus.DeepCopy()
 	nowhere.Spec.Clusters = fleetv1alpha1.ClusterAffinity{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"region": "typo"}}}
+	emptyValues := selecting(gpus, metav1.LabelSelectorRequirement{Key: "region", Operator: metav1.LabelSelectorOpIn, Values: []string{}})
+	unknownOperator := selecting(gpus, metav1.LabelSelectorRequirement{Key: "region", Operator: "Equals", Values: []string{"eu"}})
 	ocm := gpus.DeepCopy()
 	ocm.Spec.Clusters = fleetv1alpha1.ClusterAffinity{OCMPlacement: &fleetv1alpha1.LocalReference{Name: "ocm"}}
 	emptyDecision := &clusterv1beta1.PlacementDecision{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ocm-decision-1",
@@ -82,6 +84,10 @@ func TestADecisionErrorKeepsWhatRuns(t *testing.T) {
 			placement.ReasonOCMDecisionsUnavailable, "OCM Placement ocm decided no cluster"},
 		{"the cluster selector matches no cluster", nowhere, nil, nil, false,
 			placement.ReasonNoEligibleCluster, "labels do not match"},
+		{"the cluster selector has an In without values", emptyValues, nil, nil, false,
+			placement.ReasonInvalidPlacement, "clusters.selector"},
+		{"the cluster selector has an unknown operator", unknownOperator, nil, nil, false,
+			placement.ReasonInvalidPlacement, "clusters.selector"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -104,6 +110,15 @@ func TestADecisionErrorKeepsWhatRuns(t *testing.T) {
 			f.saysTheCopiesAreKept(t, c.wantReason, c.wantInMsg)
 		})
 	}
+}
+
+// selecting is pl with a cluster selector of one expression, which the
+// fake API server stores unvalidated, as an API server with an older CRD
+// would.
+func selecting(pl *fleetv1alpha1.InferencePlacement, e metav1.LabelSelectorRequirement) *fleetv1alpha1.InferencePlacement {
+	out := pl.DeepCopy()
+	out.Spec.Clusters = fleetv1alpha1.ClusterAffinity{Selector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{e}}}
+	return out
 }
 
 // saysTheCopiesAreKept checks that the service's status, after the
@@ -223,5 +238,49 @@ func TestZeroReplicasRemovesTheCopies(t *testing.T) {
 		if cp := f.copyIn(cl, "llama"); cp != nil {
 			t.Errorf("%s keeps a copy of a service asking for 0 replicas", cl)
 		}
+	}
+}
+
+// Whatever phase of decide settles an outcome, one that would leave a
+// running service without a copy keeps what runs, with the phase's reason;
+// only an explicit zero (the service's replicas or the placement's total)
+// may empty it, and outcomes that place or keep pass unchanged.
+func TestNoOutcomeButAnAskedForZeroRemovesTheLastCopy(t *testing.T) {
+	running := decision{want: map[string]int32{"a": 2}, reasons: map[string]string{"a": "placed"}, keep: true}
+	invalid := condition(placement.Placed, corev1.ConditionFalse, placement.ReasonInvalidPlacement, "InferencePlacement gpus: bad")
+	zero, two := ptr.To[int32](0), ptr.To[int32](2)
+	cases := []struct {
+		name          string
+		running       decision
+		out           outcome
+		replicas      *int32
+		total         *int32
+		wantKept      bool
+		wantClustersN int
+	}{
+		{"an empty outcome with a reason", running, outcome{placed: invalid}, two, nil, true, 1},
+		{"an empty outcome without a condition", running, outcome{}, two, nil, true, 1},
+		{"an outcome that moves the replicas", running, outcome{decision: decision{want: map[string]int32{"b": 2}}}, two, nil, false, 1},
+		{"an outcome that keeps", running, outcome{decision: running}, two, nil, true, 1},
+		{"nothing runs", decision{want: map[string]int32{}}, outcome{placed: invalid}, two, nil, false, 0},
+		{"the service asks for zero", running, outcome{}, zero, nil, false, 0},
+		{"the placement's total is zero", running, outcome{}, nil, zero, false, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			svc := service("llama", 2)
+			svc.Spec.Replicas = c.replicas
+			pl := placementOf(fleetv1alpha1.FreeCapacity, "a")
+			pl.Spec.Replicas.Total = c.total
+			s := &decideScope{svc: svc, pl: pl, running: c.running}
+			got := s.neverEmpties(c.out)
+			if got.keep != c.wantKept || len(got.want) != c.wantClustersN {
+				t.Fatalf("outcome keeps %v with %v, want keep %v with %d clusters", got.keep, got.want, c.wantKept, c.wantClustersN)
+			}
+			if c.wantKept && c.out.placed != nil && (got.placed == nil || got.placed.Reason != c.out.placed.Reason ||
+				!strings.Contains(got.placed.Message, "are kept")) {
+				t.Errorf("Placed %+v, want reason %s and a message saying what is kept", got.placed, c.out.placed.Reason)
+			}
+		})
 	}
 }

@@ -87,7 +87,9 @@ func NewFleet(t testing.TB, hubObjs []client.Object, spokes ...*Spoke) *Fleet {
 }
 
 // Clusters lists the spokes as the inventory would now.
-func (f *Fleet) Clusters(ctx context.Context) []inventory.Cluster { return only(f.spokes).Clusters(ctx) }
+func (f *Fleet) Clusters(ctx context.Context) []inventory.Cluster {
+	return only(f.spokes).Clusters(ctx)
+}
 
 // Only is a source that lists only the named spokes, as a hub that has
 // engaged no other would.
