@@ -22,16 +22,12 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) {
 	crds, err := apis.CRDs()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	builder := runtime.NewSchemeBuilder(clientgoscheme.AddToScheme, fleetv1alpha1.AddToScheme)
+	if err == nil {
+		err = builder.AddToScheme(scheme)
 	}
-	if err := fleetv1alpha1.AddToScheme(scheme); err != nil {
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
