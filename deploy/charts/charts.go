@@ -5,19 +5,20 @@ package charts
 
 import (
 	"bytes"
+	"embed"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
-	"path/filepath"
-	"runtime"
+	"path"
 	"strings"
 
-	"golang.org/x/mod/modfile"
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/ignore"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
@@ -27,14 +28,69 @@ import (
 // Spoke is the per-cluster chart.
 const Spoke = "fleetinfer-spoke"
 
-// Dir is the directory of the named chart in this repository.
-func Dir(name string) string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), name)
+// sources holds the charts in the binary, so that rendering them needs no
+// checkout: the localfleet binary reads the chart's appVersion, and builds
+// with -trimpath (images, make test) have no source paths to find them by.
+//
+//go:embed all:fleetinfer-spoke
+var sources embed.FS
+
+// builtKubeVersion is the Kubernetes version of the k8s.io/api module in
+// this repository's go.mod (k8s.io/api v0.X.Y is Kubernetes v1.X.Y); a test
+// fails when the two differ.
+const builtKubeVersion = "v1.36.3"
+
+// Load loads the named chart from the charts built into this package.
+func Load(name string) (*chart.Chart, error) {
+	rules, err := helmIgnore(name)
+	if err != nil {
+		return nil, err
+	}
+	var files []*loader.BufferedFile
+	err = fs.WalkDir(sources, name, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == name {
+			return err
+		}
+		rel := strings.TrimPrefix(p, name+"/")
+		info, err := d.Info()
+		if err != nil || rules.Ignore(rel, info) {
+			if err == nil && d.IsDir() {
+				return fs.SkipDir
+			}
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		b, err := fs.ReadFile(sources, p)
+		files = append(files, &loader.BufferedFile{Name: rel, Data: b})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("chart %s: %w", name, err)
+	}
+	return loader.LoadFiles(files)
 }
 
-// Load loads the named chart from this repository.
-func Load(name string) (*chart.Chart, error) { return loader.Load(Dir(name)) }
+// helmIgnore reads the chart's .helmignore with Helm's defaults, as
+// `helm package` and loader.LoadDir apply them.
+func helmIgnore(name string) (*ignore.Rules, error) {
+	b, err := fs.ReadFile(sources, path.Join(name, ignore.HelmIgnore))
+	if errors.Is(err, fs.ErrNotExist) {
+		r := ignore.Empty()
+		r.AddDefaults()
+		return r, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	r, err := ignore.Parse(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("chart %s: %s: %w", name, ignore.HelmIgnore, err)
+	}
+	r.AddDefaults()
+	return r, nil
+}
 
 // Image is the reference of a fleetinfer image at the spoke chart's
 // appVersion, the tag the chart, the presets and the hub manifests name and
@@ -61,26 +117,6 @@ type Options struct {
 	KubeVersion string
 }
 
-// builtKubeVersion is the Kubernetes version of the k8s.io/api module in
-// this repository's go.mod.
-func builtKubeVersion() (string, error) {
-	path := filepath.Join(Dir(".."), "..", "go.mod")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	f, err := modfile.ParseLax(path, b, nil)
-	if err != nil {
-		return "", err
-	}
-	for _, r := range f.Require {
-		if r.Mod.Path == "k8s.io/api" && strings.HasPrefix(r.Mod.Version, "v0.") {
-			return "v1." + strings.TrimPrefix(r.Mod.Version, "v0."), nil
-		}
-	}
-	return "", fmt.Errorf("%s requires no k8s.io/api v0.x", path)
-}
-
 // Render renders the chart as `helm template --include-crds`: values are
 // checked against values.schema.json, subcharts whose condition is false are
 // left out, and the CRDs of crds/ directories come first.
@@ -92,10 +128,7 @@ func Render(c *chart.Chart, o Options) ([]*unstructured.Unstructured, error) {
 	install.APIVersions = chartutil.VersionSet(o.APIVersions)
 	kv := o.KubeVersion
 	if kv == "" {
-		var err error
-		if kv, err = builtKubeVersion(); err != nil {
-			return nil, err
-		}
+		kv = builtKubeVersion
 	}
 	v, err := chartutil.ParseKubeVersion(kv)
 	if err != nil {

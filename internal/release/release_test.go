@@ -52,9 +52,15 @@ func imageLayout(t *testing.T, versions ...string) (string, map[string]string) {
 	return dir, digests
 }
 
+// root is the repository's root, as an absolute path (kustomize refuses
+// relative ones that climb): tests run in their package's directory.
 func root(t *testing.T) string {
 	t.Helper()
-	return filepath.Join(charts.Dir(".."), "..")
+	dir, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 func write(t *testing.T, images, version, out string) release.Artifacts {
