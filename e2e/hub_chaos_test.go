@@ -11,7 +11,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	clusterv1beta1 "open-cluster-management.io/api/cluster/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -101,7 +104,9 @@ func placedReason(t *testing.T, ns, name, reason string, timeout time.Duration) 
 // Decision errors keep what runs. One routed service, placed on central
 // alone through an OCM Placement, meets in turn a second placement that
 // selects it, its placement deleted and recreated, OCM deciding no cluster,
-// and every GPU node of central cordoned: the hub says why in the Placed
+// a cluster selector that cannot be parsed (both shapes a template renders,
+// through a CRD without the admission rules, as an older install has), and
+// every GPU node of central cordoned: the hub says why in the Placed
 // condition, deletes no copy, no pod is replaced and no request fails.
 func TestFaultDecisionErrorsKeepTheService(t *testing.T) {
 	ns := namespace(t, fl.Hub)
@@ -145,6 +150,12 @@ func TestFaultDecisionErrorsKeepTheService(t *testing.T) {
 		{"placement deleted and recreated", "placement-recreated", placement.ReasonNoPlacement, remove(p), create(p)},
 		{"OCM decides no cluster", "ocm-decisions-empty", placement.ReasonOCMDecisionsUnavailable,
 			func(t *testing.T) { decide(t, ocm) }, func(t *testing.T) { decide(t, ocm, "central") }},
+		{"selector In with no values (older CRD)", "selector-in-no-values", placement.ReasonInvalidPlacement,
+			selectClusters(p, &metav1.LabelSelectorRequirement{Key: "region", Operator: metav1.LabelSelectorOpIn}),
+			selectClusters(p, nil)},
+		{"selector operator Equals (older CRD)", "selector-operator-equals", placement.ReasonInvalidPlacement,
+			selectClusters(p, &metav1.LabelSelectorRequirement{Key: "region", Operator: "Equals", Values: []string{"central"}}),
+			selectClusters(p, nil)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			underFault(t, c.fault, ns, name, func() string {
@@ -184,6 +195,97 @@ func TestFaultDecisionErrorsKeepTheService(t *testing.T) {
 			return fmt.Sprintf("held %s with %d GPU nodes cordoned (Placed: %s)", cordonHold, nodes, reason)
 		})
 	})
+}
+
+// selectClusters returns a step that sets the placement's clusters to a
+// selector with the requirement, or back to its OCM Placement when nil. A
+// requirement the admission rules refuse is first shown refused, then
+// written through a CRD stripped of those rules until the test ends.
+func selectClusters(p *fleetv1alpha1.InferencePlacement, req *metav1.LabelSelectorRequirement) func(t *testing.T) {
+	ocm := p.Spec.Clusters
+	return func(t *testing.T) {
+		clusters := ocm
+		if req != nil {
+			clusters = fleetv1alpha1.ClusterAffinity{Selector: &metav1.LabelSelector{
+				MatchExpressions: []metav1.LabelSelectorRequirement{*req}}}
+			if err := updatePlacement(p, clusters); !apierrors.IsInvalid(err) {
+				t.Fatalf("the placement CRD accepted selector %v: %v", *req, err)
+			}
+			withoutSelectorRules(t)
+		}
+		testutil.Eventually(t, 30*time.Second, "placement updated", func(context.Context) error {
+			return updatePlacement(p, clusters)
+		})
+	}
+}
+
+func updatePlacement(p *fleetv1alpha1.InferencePlacement, clusters fleetv1alpha1.ClusterAffinity) error {
+	ctx := context.Background()
+	cur := &fleetv1alpha1.InferencePlacement{}
+	if err := fl.Hub.Client.Get(ctx, client.ObjectKeyFromObject(p), cur); err != nil {
+		return err
+	}
+	cur.Spec.Clusters = clusters
+	return fl.Hub.Client.Update(ctx, cur)
+}
+
+// withoutSelectorRules removes the label selector rules from the hub's
+// InferencePlacement CRD, as a CRD from before they existed lacks them,
+// and puts them back when the test ends.
+func withoutSelectorRules(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	crd := &unstructured.Unstructured{}
+	crd.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
+	key := client.ObjectKey{Name: "inferenceplacements." + fleetv1alpha1.GroupVersion.Group}
+	if err := fl.Hub.Client.Get(ctx, key, crd); err != nil {
+		t.Fatal(err)
+	}
+	original := crd.DeepCopy()
+	if !dropSelectorRules(crd.Object) {
+		t.Fatalf("%s has no selector rules to remove", key.Name)
+	}
+	if err := fl.Hub.Client.Update(ctx, crd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		testutil.Eventually(t, 30*time.Second, "selector rules restored", func(ctx context.Context) error {
+			cur := original.DeepCopy()
+			if err := fl.Hub.Client.Get(ctx, key, cur); err != nil {
+				return err
+			}
+			restored := original.DeepCopy()
+			restored.SetResourceVersion(cur.GetResourceVersion())
+			return fl.Hub.Client.Update(ctx, restored)
+		})
+	})
+}
+
+// dropSelectorRules deletes, anywhere in a CRD's schema, the CEL rules that
+// check a selector requirement's operator; true when it found some.
+func dropSelectorRules(node any) bool {
+	found := false
+	switch n := node.(type) {
+	case map[string]any:
+		if rules, ok := n["x-kubernetes-validations"].([]any); ok {
+			kept := slices.DeleteFunc(rules, func(r any) bool {
+				rule, _ := r.(map[string]any)["rule"].(string)
+				return strings.Contains(rule, ".operator")
+			})
+			found = found || len(kept) < len(rules)
+			if n["x-kubernetes-validations"] = kept; len(kept) == 0 {
+				delete(n, "x-kubernetes-validations")
+			}
+		}
+		for _, v := range n {
+			found = dropSelectorRules(v) || found
+		}
+	case []any:
+		for _, v := range n {
+			found = dropSelectorRules(v) || found
+		}
+	}
+	return found
 }
 
 // currentPlaced is the hub service's Placed condition as status/reason.
