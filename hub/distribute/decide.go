@@ -283,6 +283,9 @@ func (s *decideScope) held() map[string]int32 {
 // would take every cluster from a running service.
 func (s *decideScope) placeAgain(d placement.Decision) outcome {
 	fp := placement.Fingerprint(s.pl, s.svc, d.Eligible)
+	if s.prev != nil && s.prev.InputsHash == placement.LegacyFingerprint(s.pl, s.svc, d.Eligible) {
+		s.prev.InputsHash = fp // recorded by an older hub: the same inputs
+	}
 	// Replicas that fit nowhere are placed as soon as room appears.
 	morePlaced := s.current.unplaced > 0 && d.Unplaced < s.current.unplaced
 	if s.prev != nil && s.prev.InputsHash == fp && !morePlaced {

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	clusterv1beta1 "open-cluster-management.io/api/cluster/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -279,14 +280,42 @@ func OCMDecided(ctx context.Context, hub client.Reader, ns, placementName string
 	return out, nil
 }
 
-// Fingerprint identifies the inputs of a decision: the placement's and the
-// service's generations and the eligible clusters. Capacity is left out on
-// purpose, so capacity moving under a placed service does not move it.
+// Fingerprint identifies the inputs of a decision: what of the placement
+// and of the service concerns where replicas run (the placement's clusters,
+// replica scheduling and accelerator; the service's replica count and
+// accelerator need) and the eligible clusters. Capacity is left out, so
+// capacity moving under a placed service does not move it; so is every
+// other field, so that an image bump or a federation or rollout setting
+// changes a service where it runs instead of placing it again by today's
+// room (cold model loads, churn, and a reason for a spoke's inflated
+// capacity report to draw replicas).
 func Fingerprint(p *fleetv1alpha1.InferencePlacement, svc *v1alpha2.LLMInferenceService, eligible []string) string {
-	b, _ := json.Marshal(struct {
+	return hash(struct {
+		Placement  types.UID
+		Clusters   fleetv1alpha1.ClusterAffinity
+		MaxCluster *int32
+		Replicas   fleetv1alpha1.ReplicaScheduling
+		Service    types.UID
+		Count      int32
+		Need       Need
+		Eligible   []string
+	}{p.UID, p.Spec.Clusters, p.Spec.MaxClusters, p.Spec.Replicas, svc.UID, ptr.Deref(svc.Spec.Replicas, 1),
+		NeedOf(svc, p.Spec.Accelerator), eligible})
+}
+
+// LegacyFingerprint is the fingerprint hubs up to v0.1.0 recorded (the
+// placement's and the service's generations): a decision memory holding it
+// is in force when it matches, so an upgraded hub re-records it instead of
+// placing every service again.
+func LegacyFingerprint(p *fleetv1alpha1.InferencePlacement, svc *v1alpha2.LLMInferenceService, eligible []string) string {
+	return hash(struct {
 		P, S     version
 		Eligible []string
 	}{version{p.UID, p.Generation}, version{svc.UID, svc.Generation}, eligible})
+}
+
+func hash(v any) string {
+	b, _ := json.Marshal(v)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])
 }

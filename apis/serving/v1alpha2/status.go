@@ -80,9 +80,10 @@ type PlacementStatus struct {
 	// PlacementName is the InferencePlacement the decision followed.
 	// +optional
 	PlacementName string `json:"placementName,omitempty"`
-	// InputsHash identifies the inputs of the decision (the placement's and
-	// the service's generations and the eligible clusters); the hub decides
-	// again only when they change.
+	// InputsHash identifies the inputs of the decision (the placement's
+	// clusters, replica scheduling and accelerator, the service's replica
+	// count and accelerator need, and the eligible clusters); the hub
+	// decides again only when they change, not on other edits.
 	InputsHash string `json:"inputsHash"`
 	// UnplacedReplicas fit in no cluster when the decision was made; they
 	// are placed as soon as room appears.
