@@ -37,6 +37,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/members"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
+	"github.com/fleetinfer/fleetinfer/internal/nodecapacity"
 )
 
 // Scheme knows every API the hub reads or writes, on the hub and in spokes.
@@ -53,12 +54,15 @@ func init() {
 	utilruntime.Must(igwapixv1alpha1.Install(Scheme))
 }
 
-// ClusterOptions make every engaged spoke cluster use the hub's scheme and
-// cache only the ConfigMaps and Secrets the hub published.
+// ClusterOptions make every engaged spoke cluster use the hub's scheme,
+// cache only the ConfigMaps and Secrets the hub published, and of Nodes
+// only what counts their accelerators.
 func ClusterOptions() []cluster.Option {
 	return []cluster.Option{func(o *cluster.Options) {
 		o.Scheme = Scheme
 		o.Cache.ByObject = federation.SpokeCache()
+		// Placement bounds capacity reports by the Nodes; keep little of each.
+		o.Cache.ByObject[&corev1.Node{}] = cache.ByObject{Transform: nodecapacity.Slim}
 	}}
 }
 

@@ -67,7 +67,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		}
 	}
 	capCtx, cancel := context.WithTimeout(ctx, r.ClusterTimeout)
-	capacity := placement.CapacityOf(capCtx, c.Client)
+	capacity := placement.CapacityOf(capCtx, c)
 	cancel()
 	want := Status(cur.Status, c, capacity, time.Now())
 	if equality.Semantic.DeepEqual(cur.Status, want) {

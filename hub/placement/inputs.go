@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -20,11 +21,13 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1beta1 "open-cluster-management.io/api/cluster/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
+	"github.com/fleetinfer/fleetinfer/internal/nodecapacity"
 )
 
 // Placed is the hub service's condition that says whether, and where, it is
@@ -237,27 +240,43 @@ func capacitiesOf(ctx context.Context, clusters []inventory.Cluster, timeout tim
 				ctx, cancel = context.WithTimeout(ctx, timeout)
 				defer cancel()
 			}
-			out[i] = CapacityOf(ctx, c.Client)
+			out[i] = CapacityOf(ctx, c)
 		})
 	}
 	wg.Wait()
 	return out
 }
 
-// CapacityOf reads a cluster's capacity report through c, the hub's cache
-// of the cluster, which still answers while the cluster is briefly
-// unreachable (a blip must not make a cluster look ineligible); nil when
-// it has none.
-func CapacityOf(ctx context.Context, c client.Reader) *fleetv1alpha1.ClusterCapacityStatus {
-	if c == nil {
+// CapacityOf reads a cluster's capacity report through the hub's cache of
+// the cluster, which still answers while the cluster is briefly unreachable
+// (a blip must not make a cluster look ineligible), bounded by the cluster's
+// Nodes as the hub sees them: a report is the spoke's claim, and one that
+// claims more room than its nodes allocate (a bug, or a compromised spoke
+// controller) would draw replicas from every other cluster. nil when there
+// is no report or the nodes cannot be read: nothing grows there then.
+func CapacityOf(ctx context.Context, c inventory.Cluster) *fleetv1alpha1.ClusterCapacityStatus {
+	if c.Client == nil {
 		return nil
 	}
 	cc := &fleetv1alpha1.ClusterCapacity{}
-	if err := c.Get(ctx, client.ObjectKey{Name: fleetv1alpha1.ClusterCapacityName}, cc); err != nil {
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: fleetv1alpha1.ClusterCapacityName}, cc); err != nil {
 		return nil
 	}
-	return &cc.Status
+	var nodes corev1.NodeList
+	if err := c.Client.List(ctx, &nodes); err != nil {
+		return nil
+	}
+	st, capped := nodecapacity.Bound(cc.Status, nodes.Items)
+	capacityCapped.WithLabelValues(c.Name).Set(map[bool]float64{true: 1}[capped])
+	return &st
 }
+
+var capacityCapped = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "fleetinfer_hub_capacity_report_capped",
+	Help: "1 while a cluster's ClusterCapacity report claims more accelerators than its Nodes allocate, so the hub places by the Nodes instead; else 0.",
+}, []string{"cluster"})
+
+func init() { ctrlmetrics.Registry.MustRegister(capacityCapped) }
 
 // OCMDecided collects the clusters of an OCM Placement's decisions; empty
 // when it decided none. An error (OCM not installed, the cache not readable)

@@ -5,8 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
@@ -83,7 +85,7 @@ func TestNeedOfCountsAsTheSpokesCapacityDoes(t *testing.T) {
 // capacityCluster is a registered cluster whose ClusterCapacity reports one
 // node per entry.
 func capacityCluster(name string, entries ...fleetv1alpha1.AcceleratorCapacity) inventory.Cluster {
-	c := fakeapi.NewSpoke(hubtest.Capacity(entries...))
+	c := hubtest.SpokeAPI(hubtest.Capacity(entries...))
 	return inventory.Cluster{Name: name, Client: c.Client, Reader: c.Reader}
 }
 
@@ -167,5 +169,33 @@ func TestInForceReadsTheLegacyAnnotationsOnce(t *testing.T) {
 	}
 	if InForce(&v1alpha2.LLMInferenceServiceStatus{}) != nil {
 		t.Error("a service never decided has a decision in force")
+	}
+}
+
+// A spoke whose report claims a thousand times the GPUs its nodes allocate
+// is placed by its nodes: it draws no more replicas than an honest one.
+func TestACapacityReportIsBoundedByTheClustersNodes(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "h100-0", Labels: map[string]string{accelerator.NVIDIAProductLabel: "H100"}},
+		Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{accelerator.NVIDIA: resource.MustParse("8")},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	liar := fakeapi.NewSpoke(hubtest.Capacity(hubtest.GPUNode(accelerator.NVIDIA, "H100", 8000, 8000)), node)
+	fleet := Fleet{Now: time.Now(), Clusters: []inventory.Cluster{
+		capacityCluster("honest", hubtest.GPUNode(accelerator.NVIDIA, "H100", 8, 8)),
+		{Name: "liar", Client: liar.Client, Reader: liar.Reader},
+	}}
+	svc := &v1alpha2.LLMInferenceService{Spec: v1alpha2.LLMInferenceServiceSpec{WorkloadSpec: v1alpha2.WorkloadSpec{Template: &corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "main", Resources: requests(accelerator.NVIDIA, 1)}}}}}}
+	pl := &fleetv1alpha1.InferencePlacement{Spec: spec(fleetv1alpha1.FreeCapacity)}
+	pl.Spec.Replicas.Total = ptr.To(int32(8))
+	req, clusters, _, _ := Inputs(context.Background(), nil, pl, svc, fleet)
+	d, err := Decide(req, clusters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(d); got != "honest=4,liar=4" {
+		t.Errorf("placed %q (%s), want the replicas split by the nodes' GPUs: honest=4 liar=4", got, d.Message)
+	}
+	if v := testutil.ToFloat64(capacityCapped.WithLabelValues("liar")); v != 1 {
+		t.Errorf("fleetinfer_hub_capacity_report_capped{cluster=liar} = %v, want 1", v)
 	}
 }

@@ -1,22 +1,15 @@
 // Package capacity publishes the cluster's accelerator capacity in the
-// ClusterCapacity object the hub reads: allocatable and free accelerators
-// per resource and product (NVIDIA, AMD and Intel GPUs, TPUs), free meaning
-// allocatable minus what the unfinished pods bound to each node take, counted
-// as the hub counts a replica's need (internal/accelerator).
+// ClusterCapacity object the hub reads, as internal/nodecapacity counts it
+// from the nodes and the unfinished pods bound to them.
 package capacity
 
 import (
 	"context"
-	"fmt"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/util/retry"
@@ -30,107 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
-	"github.com/fleetinfer/fleetinfer/internal/accelerator"
-	"github.com/fleetinfer/fleetinfer/internal/nodestatus"
+	"github.com/fleetinfer/fleetinfer/internal/nodecapacity"
 )
-
-// unknownProduct stands for the product of nodes whose vendor label is
-// missing.
-const unknownProduct = "unknown"
-
-// Compute aggregates the capacity of nodes given the pods bound to them.
-// Unschedulable and NotReady nodes offer nothing; finished pods request
-// nothing.
-func Compute(nodes []corev1.Node, pods []corev1.Pod) fleetv1alpha1.ClusterCapacityStatus {
-	type key struct {
-		resource corev1.ResourceName
-		product  string
-	}
-	requested := map[string]corev1.ResourceList{}
-	for i := range pods {
-		p := &pods[i]
-		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		on := requested[p.Spec.NodeName]
-		if on == nil {
-			on = corev1.ResourceList{}
-			requested[p.Spec.NodeName] = on
-		}
-		for _, r := range accelerator.Resources {
-			if n := accelerator.PodRequest(&p.Spec, r); n > 0 {
-				q := on[r]
-				q.Add(*resource.NewQuantity(n, resource.DecimalSI))
-				on[r] = q
-			}
-		}
-	}
-	byProduct := map[key]*fleetv1alpha1.AcceleratorCapacity{}
-	st := fleetv1alpha1.ClusterCapacityStatus{}
-	for i := range nodes {
-		n := &nodes[i]
-		if n.Spec.Unschedulable || !nodestatus.Ready(n) {
-			continue
-		}
-		st.Nodes++
-		for r, q := range n.Status.Allocatable {
-			alloc := q.Value()
-			if !accelerator.IsAccelerator(r) || alloc == 0 {
-				continue
-			}
-			product := n.Labels[accelerator.ProductLabel(r)]
-			if product == "" {
-				product = unknownProduct
-			}
-			k := key{r, product}
-			a := byProduct[k]
-			if a == nil {
-				a = &fleetv1alpha1.AcceleratorCapacity{Product: product, Resource: r}
-				byProduct[k] = a
-			}
-			if l := accelerator.MemoryLabel(r); l != "" {
-				if mem, err := strconv.ParseInt(n.Labels[l], 10, 64); err == nil && mem > a.MemoryMiB {
-					a.MemoryMiB = mem
-				}
-			}
-			a.Nodes++
-			a.Allocatable += alloc
-			q := requested[n.Name][r]
-			used := q.Value()
-			a.Requested += used
-			a.LargestFreeOnNode = max(a.LargestFreeOnNode, alloc-used)
-			addFree(a, max(alloc-used, 0))
-		}
-	}
-	var summary []string
-	for _, a := range byProduct {
-		a.Free = a.Allocatable - a.Requested
-		st.Accelerators = append(st.Accelerators, *a)
-	}
-	sort.Slice(st.Accelerators, func(i, j int) bool {
-		a, b := st.Accelerators[i], st.Accelerators[j]
-		if a.Product != b.Product {
-			return a.Product < b.Product
-		}
-		return a.Resource < b.Resource
-	})
-	for _, a := range st.Accelerators {
-		summary = append(summary, fmt.Sprintf("%s %d/%d free", a.Product, a.Free, a.Allocatable))
-	}
-	st.Summary = strings.Join(summary, ", ")
-	return st
-}
-
-func addFree(a *fleetv1alpha1.AcceleratorCapacity, free int64) {
-	for i := range a.FreeNodes {
-		if a.FreeNodes[i].Free == free {
-			a.FreeNodes[i].Nodes++
-			return
-		}
-	}
-	a.FreeNodes = append(a.FreeNodes, fleetv1alpha1.FreeBucket{Free: free, Nodes: 1})
-	sort.Slice(a.FreeNodes, func(i, j int) bool { return a.FreeNodes[i].Free > a.FreeNodes[j].Free })
-}
 
 // Reconciler keeps the ClusterCapacity current.
 type Reconciler struct {
@@ -153,7 +47,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 	if err := r.List(ctx, &pods); err != nil {
 		return ctrl.Result{}, err
 	}
-	want := Compute(nodes.Items, pods.Items)
+	want := nodecapacity.Compute(nodes.Items, pods.Items)
 	return ctrl.Result{}, retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cc := &fleetv1alpha1.ClusterCapacity{}
 		err := r.Get(ctx, client.ObjectKey{Name: fleetv1alpha1.ClusterCapacityName}, cc)

@@ -81,9 +81,15 @@ func NewFleet(t testing.TB, hubObjs []client.Object, spokes ...*Spoke) *Fleet {
 	t.Helper()
 	f := &Fleet{t: t, Hub: fakeapi.New(hubObjs...), Events: NewEvents(), spokes: spokes}
 	for _, s := range spokes {
-		s.Server = fakeapi.NewSpoke(s.Objects...)
+		s.Server = SpokeAPI(s.Objects...)
 	}
 	return f
+}
+
+// SpokeAPI is a spoke's API server holding objs, and nodes that back the
+// capacity reports among them.
+func SpokeAPI(objs ...client.Object) *fakeapi.Server {
+	return fakeapi.NewSpoke(append(objs, nodesBehind(objs)...)...)
 }
 
 // Clusters lists the spokes as the inventory would now.
