@@ -377,6 +377,7 @@ func (s *limitedStream) answerTo(reason string) (typePb.StatusCode, string) {
 	case tooSlow:
 		return typePb.StatusCode_RequestTimeout, fmt.Sprintf("request body arrived slower than the endpoint picker's minimum of %d bytes per second after %s", l.MinBodyRate, l.BodyGracePeriod)
 	}
+	// afterEnd
 	return typePb.StatusCode_BadRequest, "request body continued after its end_of_stream"
 }
 
