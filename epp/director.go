@@ -139,7 +139,7 @@ type extProcServer struct {
 }
 
 func (s extProcServer) Process(stream extProcPb.ExternalProcessor_ProcessServer) error {
-	limited := &limitedStream{ExternalProcessor_ProcessServer: stream, limits: s.limits}
+	limited := newLimitedStream(stream, s.limits)
 	defer limited.done()
 	ms := &markingStream{ExternalProcessor_ProcessServer: limited, ctx: withPick(stream.Context()), marker: s.marker, crossings: s.crossings, meter: s.recorder.meter}
 	err := s.inner.Process(ms)

@@ -293,32 +293,79 @@ func (s *fakeStream) Recv() (*extProcPb.ProcessingRequest, error) {
 	return r, nil
 }
 
-// heldStream is an ext-proc stream whose request stays in flight, as while a
-// model server streams its answer, until release is closed.
-type heldStream struct {
+// liveStream is the EPP's side of an ext-proc stream whose messages come
+// when the test sends them, and whose request stays in flight, as while a
+// model server streams its answer, until end is closed.
+type liveStream struct {
 	grpc.ServerStream
-	in      []*extProcPb.ProcessingRequest
-	sent    chan *extProcPb.ProcessingResponse
-	release chan struct{}
+	in   chan *extProcPb.ProcessingRequest
+	sent chan *extProcPb.ProcessingResponse
+	end  chan struct{}
 }
 
-func (s *heldStream) Context() context.Context { return context.Background() }
-func (s *heldStream) Send(r *extProcPb.ProcessingResponse) error {
+func (s *liveStream) Context() context.Context { return context.Background() }
+func (s *liveStream) Send(r *extProcPb.ProcessingResponse) error {
 	s.sent <- r
 	return nil
 }
-func (s *heldStream) Recv() (*extProcPb.ProcessingRequest, error) {
-	if len(s.in) == 0 {
-		<-s.release
+func (s *liveStream) Recv() (*extProcPb.ProcessingRequest, error) {
+	select {
+	case r := <-s.in:
+		return r, nil
+	case <-s.end:
 		return nil, io.EOF
 	}
-	r := s.in[0]
-	s.in = s.in[1:]
-	return r, nil
 }
 
-// requestHeld sends a request and returns its destination while the
-// request stays in flight; finish ends it.
+// send hands the EPP m, unless the stream ended first.
+func (s *liveStream) send(m *extProcPb.ProcessingRequest) bool {
+	select {
+	case s.in <- m:
+		return true
+	case <-s.end:
+		return false
+	}
+}
+
+// outcome waits for the request's pick or immediate answer: its
+// destination, or its status.
+func (s *liveStream) outcome(t testing.TB, within time.Duration) (string, int) {
+	t.Helper()
+	timeout := time.After(within)
+	for {
+		select {
+		case r := <-s.sent:
+			if im := r.GetImmediateResponse(); im != nil {
+				return "", int(im.GetStatus().GetCode())
+			}
+			if d := destination(r); d != "" {
+				return d, 0
+			}
+		case <-timeout:
+			t.Fatalf("neither a pick nor an answer within %s", within)
+		}
+	}
+}
+
+// processLive runs the harness's server on a liveStream until finish (also
+// called at the end of the test) ends the stream.
+func (h *harness) processLive(t testing.TB) (s *liveStream, finish func()) {
+	s = &liveStream{in: make(chan *extProcPb.ProcessingRequest), sent: make(chan *extProcPb.ProcessingResponse, 16), end: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- h.server.Process(s) }()
+	var once sync.Once
+	finish = func() {
+		once.Do(func() {
+			close(s.end)
+			if err := <-done; err != nil {
+				t.Errorf("Process: %v", err)
+			}
+		})
+	}
+	t.Cleanup(finish)
+	return s, finish
+}
+
 // connected records a crossing to each remote endpoint's destination a
 // moment ago: the gateway keeps its connections there open, so that a
 // crossing costs its round trip alone (spill.Params.ConnectRoundTrips).
@@ -328,29 +375,19 @@ func (h *harness) connected(remote []fwkdl.Endpoint) {
 	}
 }
 
+// requestHeld sends a request and returns its destination while the
+// request stays in flight; finish ends it.
 func (h *harness) requestHeld(t testing.TB, body string) (dest string, finish func()) {
 	t.Helper()
-	s := &heldStream{in: requestMessages(body, len(body), nil), sent: make(chan *extProcPb.ProcessingResponse, 16), release: make(chan struct{})}
-	done := make(chan error, 1)
-	go func() { done <- h.server.Process(s) }()
-	finish = func() {
-		close(s.release)
-		if err := <-done; err != nil {
-			t.Errorf("Process: %v", err)
+	s, finish := h.processLive(t)
+	go func() {
+		for _, m := range requestMessages(body, len(body), nil) {
+			s.send(m)
 		}
-	}
-	for dest == "" {
-		select {
-		case r := <-s.sent:
-			if im := r.GetImmediateResponse(); im != nil {
-				finish()
-				t.Fatalf("refused with %d", im.GetStatus().GetCode())
-			}
-			dest = destination(r)
-		case <-time.After(10 * time.Second):
-			finish()
-			t.Fatal("no pick within 10 s")
-		}
+	}()
+	dest, status := s.outcome(t, 10*time.Second)
+	if dest == "" {
+		t.Fatalf("refused with %d", status)
 	}
 	return dest, finish
 }

@@ -34,7 +34,7 @@ var (
 	// requestBodiesRefused and bufferedBodyBytes are counted by limitedStream.
 	requestBodiesRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetinfer_epp_request_bodies_refused_total",
-		Help: "Requests answered before their body ended, by reason: too_large (413, over --max-request-body-bytes), buffer_full (503, over --max-buffered-request-body-bytes) or after_end (400, a body message after the request's end_of_stream).",
+		Help: "Requests answered before their body ended, by reason: too_large (413, over --max-request-body-bytes), client_full (429, over --max-client-request-body-bytes), buffer_full (503, over --max-buffered-request-body-bytes, or past its unreserved part for a body over 64 KiB), too_slow (408, under --min-request-body-bytes-per-second after --request-body-grace-period) or after_end (400, a body message after the request's end_of_stream).",
 	}, []string{"reason"})
 	bufferedBodyBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "fleetinfer_epp_buffered_request_body_bytes",

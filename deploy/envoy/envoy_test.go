@@ -10,6 +10,7 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
@@ -228,6 +229,12 @@ func checkProtocol(bs *bootstrapv3.Bootstrap, failOpen bool) error {
 	if ep.GetFailureModeAllow() != failOpen {
 		fail("failure_mode_allow is %v but the pools' failureMode is FailOpen=%v", ep.GetFailureModeAllow(), failOpen)
 	}
+	if !slices.Contains(ep.GetRequestAttributes(), extproc.SourceAddressAttribute) {
+		fail("ext_proc does not send %s (request_attributes), by which the EPP budgets request bodies per client", extproc.SourceAddressAttribute)
+	}
+	if !hcm.GetUseRemoteAddress().GetValue() {
+		fail("use_remote_address is off: a client's own x-forwarded-for would set its %s", extproc.SourceAddressAttribute)
+	}
 	if ep.GetAllowModeOverride() {
 		fail("allow_mode_override is set; Envoy ignores mode overrides with FULL_DUPLEX_STREAMED")
 	}
@@ -293,12 +300,58 @@ func checkProtocol(bs *bootstrapv3.Bootstrap, failOpen bool) error {
 	return errors.Join(errs...)
 }
 
+// pickerStreams is how many requests the EPP is tested to hold open at
+// once within its memory limit (epp's
+// TestHostileBodiesKeepThePickersMemoryBounded) and, at the rate it is
+// benchmarked at (bench/results/epp.md), 10 s of completions: what the
+// gateway's concurrency through it must reach.
+const pickerStreams = 10000
+
+// checkCapacity returns every way bs's circuit breakers fall short of that
+// load, or would refuse a request the EPP picked.
+func checkCapacity(bs *bootstrapv3.Bootstrap) error {
+	var errs []error
+	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	epp, pool := thresholds(bs, "epp"), thresholds(bs, "inference_pool")
+	for name, t := range map[string]*clusterv3.CircuitBreakers_Thresholds{"epp": epp, "inference_pool": pool} {
+		if t.GetMaxRequests() == nil || t.GetMaxPendingRequests() == nil || t.GetMaxConnections() == nil {
+			fail("cluster %q keeps one of Envoy's default circuit breakers (1,024): set max_requests, max_pending_requests and max_connections", name)
+		}
+	}
+	if n := epp.GetMaxRequests().GetValue(); n < pickerStreams {
+		fail("cluster epp max_requests %d is below the %d requests the EPP holds open: every request holds an ext-proc stream", n, pickerStreams)
+	}
+	if p, e := pool.GetMaxRequests().GetValue(), epp.GetMaxRequests().GetValue(); p < e {
+		fail("cluster inference_pool max_requests %d is below epp's %d: a request the EPP picked would be refused", p, e)
+	}
+	if c, r := pool.GetMaxConnections().GetValue(), pool.GetMaxRequests().GetValue(); c < r {
+		fail("cluster inference_pool max_connections %d is below its max_requests %d: HTTP/1.1 needs a connection per request", c, r)
+	}
+	return errors.Join(errs...)
+}
+
+// thresholds returns a cluster's circuit breakers for default-priority
+// requests, nil if it sets none.
+func thresholds(bs *bootstrapv3.Bootstrap, cluster string) *clusterv3.CircuitBreakers_Thresholds {
+	for _, t := range clusterNamed(bs, cluster).GetCircuitBreakers().GetThresholds() {
+		if t.GetPriority() == corev3.RoutingPriority_DEFAULT {
+			return t
+		}
+	}
+	return nil
+}
+
+// check runs every check of the bootstrap.
+func check(bs *bootstrapv3.Bootstrap, failOpen bool) error {
+	return errors.Join(checkProtocol(bs, failOpen), checkCapacity(bs))
+}
+
 func TestBootstrapIsValid(t *testing.T) {
 	bs, err := parse(envoy.Bootstrap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := checkProtocol(bs, presetFailureMode(t) == inferencev1.EndpointPickerFailOpen); err != nil {
+	if err := check(bs, presetFailureMode(t) == inferencev1.EndpointPickerFailOpen); err != nil {
 		t.Fatal(err)
 	}
 	// The spoke's preset points endpointPickerRef at port 9002; the example
@@ -332,7 +385,13 @@ func TestBrokenBootstrapsFail(t *testing.T) {
 		{"message timeout", "message_timeout: 10s", "message_timeout: 1000s", "DefaultMessageTimeout"},
 		{"client header kept", "- remove: x-gateway-destination-endpoint\n", "", "not removed"},
 		{"metadata dropped", "untyped: [envoy.lb]", "untyped: [other]", "not accepted"},
-		{"EPP over HTTP/1.1", "http2_protocol_options: {}", "http_protocol_options: {}", "HTTP/2"},
+		{"EPP over HTTP/1.1", "http2_protocol_options: {max_concurrent_streams: 4096}", "http_protocol_options: {}", "HTTP/2"},
+		{"client address not sent", "request_attributes: [source.address]", "request_attributes: [request.path]", "source.address"},
+		{"client address from x-forwarded-for", "use_remote_address: true", "use_remote_address: false", "use_remote_address"},
+		{"EPP's default breakers", "        max_pending_requests: 2048\n", "", "default circuit breakers"},
+		{"EPP concurrency below its load", "max_requests: 10000", "max_requests: 1024", "below the 10000"},
+		{"pool refuses picks", "max_requests: 40000", "max_requests: 5000", "would be refused"},
+		{"pool short of connections", "max_connections: 40000", "max_connections: 20000", "a connection per request"},
 		{"route to the EPP", "cluster: inference_pool", "cluster: epp", "not ORIGINAL_DST"},
 	}
 	for _, c := range cases {
@@ -346,7 +405,7 @@ func TestBrokenBootstrapsFail(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				return checkProtocol(bs, failOpen)
+				return check(bs, failOpen)
 			}()
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v, want one containing %q", err, c.want)

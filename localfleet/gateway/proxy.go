@@ -212,7 +212,7 @@ func (g *Gateway) pick(ctx context.Context, r *http.Request, pool *poolTarget, b
 		return nil, nil, err
 	}
 	h := r.Header.Clone()
-	req := &extproc.Request{Method: r.Method, Path: r.URL.RequestURI(), Authority: r.Host, Header: h}
+	req := &extproc.Request{Method: r.Method, Path: r.URL.RequestURI(), Authority: r.Host, Header: h, SourceAddress: r.RemoteAddr}
 	if r.ContentLength != 0 {
 		req.Body = bytes.NewReader(body)
 		h.Set("Content-Length", strconv.Itoa(len(body)))

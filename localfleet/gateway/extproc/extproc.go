@@ -144,6 +144,9 @@ type Request struct {
 	// Subset is the subset hint. nil sends none (pick from the whole pool);
 	// an empty non-nil slice asks for a pick from no endpoints.
 	Subset []string
+	// SourceAddress is the client's ip:port, sent with the headers as the
+	// source.address attribute; "" sends none.
+	SourceAddress string
 }
 
 // Pick is the processor's answer to the request phase.
@@ -442,6 +445,7 @@ func (e *Exchange) requestPhase(req *Request) error {
 		Request:         &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: headersOnly}},
 		MetadataContext: md,
 		ProtocolConfig:  protocolConfig,
+		Attributes:      requestAttributes(req.SourceAddress),
 	}); err != nil {
 		return err
 	}

@@ -157,6 +157,18 @@ func TestSubsetHintMetadata(t *testing.T) {
 	}
 }
 
+// The client's address goes with the request headers as Envoy sends the
+// source.address attribute envoy.yaml's request_attributes lists.
+func TestSourceAddressAttribute(t *testing.T) {
+	if a := requestAttributes(""); a != nil {
+		t.Errorf("no address: attributes %v, want none", a)
+	}
+	got := requestAttributes("10.0.0.1:40000")[AttributesKey].AsMap()
+	if want := map[string]any{SourceAddressAttribute: "10.0.0.1:40000"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("attributes %v, want %v", got, want)
+	}
+}
+
 func TestSplitEndpoints(t *testing.T) {
 	for in, want := range map[string][]string{
 		"":                                 nil,

@@ -24,6 +24,12 @@ const (
 	SubsetKey       = eppmetadata.SubsetFilterKey
 	// RequestIDHeader is the request id Envoy's connection manager adds.
 	RequestIDHeader = "x-request-id"
+	// AttributesKey is where Envoy's ext_proc filter puts the attributes
+	// its request_attributes list; SourceAddressAttribute, the downstream
+	// client's ip:port, is the one deploy/envoy/envoy.yaml lists (the
+	// picker budgets request bodies per client by it).
+	AttributesKey          = "envoy.filters.http.ext_proc"
+	SourceAddressAttribute = "source.address"
 )
 
 // SplitEndpoints parses a destination or subset value: comma-separated
@@ -70,6 +76,16 @@ func requestMetadata(subset []string) *corev3.Metadata {
 	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
 		SubsetNamespace: {Fields: map[string]*structpb.Value{SubsetKey: stringList(subset)}},
 	}}
+}
+
+// requestAttributes are the attributes of the request-headers message: the
+// client's address, when known.
+func requestAttributes(source string) map[string]*structpb.Struct {
+	if source == "" {
+		return nil
+	}
+	return map[string]*structpb.Struct{AttributesKey: {Fields: map[string]*structpb.Value{
+		SourceAddressAttribute: structpb.NewStringValue(source)}}}
 }
 
 // responseMetadata is the metadata_context of response-phase messages: the
