@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -21,9 +22,18 @@ import (
 // take several seconds to start, so tests isolate themselves by namespace.
 var fl *fleet.Fleet
 
-// orphanGrace is the suite hub's --orphan-grace-period: shorter than the
-// default 2 minutes so that the partition fault case fits the suite.
+// orphanGrace is the suite hub's --orphan-grace-period: far shorter than
+// the default 60 minutes so that the partition fault case fits the suite.
 const orphanGrace = 20 * time.Second
+
+// hubArgs are the suite hub's flags but the orphan grace: a test that needs
+// the default grace starts the hub with them alone.
+var hubArgs = []string{"--federation-ca-rotation-overlap=" + hubCAOverlap.String()}
+
+// suiteHubArgs are the flags the suite's hub runs with.
+func suiteHubArgs() []string {
+	return append(slices.Clone(hubArgs), "--orphan-grace-period="+orphanGrace.String())
+}
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -42,7 +52,7 @@ func run(m *testing.M) int {
 	// Two hub replicas elect a leader, as the install manifests' do, so
 	// that the fault tests can kill the leader.
 	fl, err = fleet.Start(ctx, fleet.Options{Spokes: fleet.DefaultSpokes(), Log: log, HubReplicas: 2,
-		HubArgs: []string{"--federation-ca-rotation-overlap=" + hubCAOverlap.String(), "--orphan-grace-period=" + orphanGrace.String()}})
+		HubArgs: suiteHubArgs()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "local fleet did not start:", err)
 		if fl != nil {

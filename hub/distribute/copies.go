@@ -136,7 +136,7 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			if o.exists && o.replicas > want && !settled {
 				replicas = o.replicas // shrink once the others are ready
 			}
-			want := desiredCopy(svc, r.opts.HubID, c.Name, replicas, d.federation)
+			want := desiredCopy(svc, r.opts.HubID, c.Name, replicas, d)
 			if hold[c.Name] {
 				want = heldCopy(o.obj, replicas)
 			}
@@ -166,10 +166,11 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 	return out, errors.Join(errs...)
 }
 
-// desiredCopy is the service as one cluster runs it: the hub's spec with the
-// cluster's replicas, labelled as the hub's, and, when its endpoint picker
+// desiredCopy is the service as one cluster runs it under decision d: the
+// hub's spec with the cluster's replicas, labelled as the hub's (and as
+// deletion-protected when d says so), and, when its endpoint picker
 // federates, annotated with the cluster's name and the federation mode.
-func desiredCopy(svc *v1alpha2.LLMInferenceService, hubID, cluster string, replicas int32, federation fleetv1alpha1.FederationMode) *v1alpha2.LLMInferenceService {
+func desiredCopy(svc *v1alpha2.LLMInferenceService, hubID, cluster string, replicas int32, d decision) *v1alpha2.LLMInferenceService {
 	cp := &v1alpha2.LLMInferenceService{
 		ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: svc.Namespace,
 			Labels: maps.Clone(svc.Labels), Annotations: maps.Clone(svc.Annotations)},
@@ -183,12 +184,13 @@ func desiredCopy(svc *v1alpha2.LLMInferenceService, hubID, cluster string, repli
 	}
 	delete(cp.Annotations, corev1.LastAppliedConfigAnnotation)
 	fleetv1alpha1.MarkOwnedByHub(cp, hubID)
+	markProtected(cp, d.protected)
 	cp.Annotations[fleetv1alpha1.OriginUIDAnnotation] = string(svc.UID)
 	if rt := svc.Spec.Router; rt != nil && rt.Scheduler != nil {
 		cp.Annotations[fleetv1alpha1.ExportAnnotation] = fleetv1alpha1.ExportClusterSet
-		if federation != "" && federation != fleetv1alpha1.FederationDisabled {
+		if f := d.federation; f != "" && f != fleetv1alpha1.FederationDisabled {
 			cp.Annotations[fleetv1alpha1.FederationClusterAnnotation] = cluster
-			cp.Annotations[fleetv1alpha1.FederationModeAnnotation] = string(federation)
+			cp.Annotations[fleetv1alpha1.FederationModeAnnotation] = string(f)
 		}
 	}
 	// With autoscaling the spoke's autoscaler owns replicas (the schema

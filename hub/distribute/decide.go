@@ -32,6 +32,10 @@ type decision struct {
 	// want is what runs now, and distribute writes nothing, so no copy is
 	// deleted or shrunk until a decision places the service again.
 	keep bool
+	// protected says the copies carry the deletion protection: the
+	// service or a placement selecting it asks for it (protection.go).
+	// reconcile sets it; deciding does not depend on it.
+	protected bool
 }
 
 // outcome is what deciding yields; report writes it into the status and

@@ -15,12 +15,18 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
-var orphansPending = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-	Name: "fleetinfer_hub_orphans_pending_deletion",
-	Help: "Copies in a cluster that no hub service accounts for, waiting out the grace period before the orphan collector deletes them.",
-}, []string{"cluster"})
+var (
+	orphansPending = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fleetinfer_hub_orphans_pending_deletion",
+		Help: "Copies in a cluster that no hub service accounts for, waiting out the grace period before the orphan collector deletes them.",
+	}, []string{"cluster"})
+	deletionsHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fleetinfer_hub_copies_deletion_held",
+		Help: "Copies in a cluster that no hub service accounts for and that the orphan collector keeps because they carry the deletion protection label (fleet.fleetinfer.io/deletion-protected: Always).",
+	}, []string{"cluster"})
+)
 
-func init() { ctrlmetrics.Registry.MustRegister(orphansPending) }
+func init() { ctrlmetrics.Registry.MustRegister(orphansPending, deletionsHeld) }
 
 // OrphanCollector deletes what this hub left in spokes that no hub object
 // accounts for any more: copies of services deleted while their cluster was
@@ -32,7 +38,9 @@ func init() { ctrlmetrics.Registry.MustRegister(orphansPending) }
 // leave each other's copies alone, and a copy is deleted only once it has
 // been an orphan for the grace period: a hub service deleted and recreated,
 // or a hub restored from a backup a little behind, gets its copy back
-// before anything stops.
+// before anything stops. A copy carrying the deletion protection is never
+// deleted here (it is held). What is pending, and until when, is written to
+// each cluster's MemberCluster status and counted in the metrics.
 type OrphanCollector struct {
 	hub       client.Client
 	inv       *inventory.Inventory
@@ -41,9 +49,16 @@ type OrphanCollector struct {
 	timeout   time.Duration // per cluster sweep
 	deletions *deletions
 
-	// orphans holds, per cluster, the copies the last sweep found orphaned
-	// and since when. Only Start's loop touches it.
-	orphans map[string]map[copyRef]time.Time
+	// orphans holds, per cluster, the copies the last sweep found orphaned.
+	// Only Start's loop touches it.
+	orphans map[string]map[copyRef]orphan
+}
+
+// orphan is a copy whose hub service is gone: since when the collector
+// knows it, and whether its deletion protection holds it.
+type orphan struct {
+	since time.Time
+	held  bool
 }
 
 // Start runs the collector until ctx ends: every interval, when clusters
@@ -86,39 +101,12 @@ func (g *OrphanCollector) collect(ctx context.Context, c inventory.Cluster, now 
 	if err := c.Client.List(ctx, &copies, ours); err != nil {
 		return
 	}
-	before := g.orphans[c.Name]
-	orphaned := map[copyRef]time.Time{}
-	referenced := map[string]bool{} // namespace/config
-	for _, cp := range copies.Items {
-		ref := copyRef{cp.Namespace, cp.Name, cp.UID}
-		hub := &v1alpha2.LLMInferenceService{}
-		switch err := g.hub.Get(ctx, client.ObjectKeyFromObject(&cp), hub); {
-		case apierrors.IsNotFound(err):
-			since, ok := before[ref]
-			if !ok {
-				since = now
-			}
-			if now.Sub(since) >= g.grace {
-				_ = g.deletions.deleteCopy(ctx, c, cp.Namespace, cp.Name)
-				continue
-			}
-			orphaned[ref] = since
-		case err != nil:
-			// Unknown: neither an orphan nor proof of a live service; an
-			// orphan keeps its time.
-			if since, ok := before[ref]; ok {
-				orphaned[ref] = since
-			}
-		}
-		for _, ref := range cp.Spec.BaseRefs {
-			referenced[cp.Namespace+"/"+ref.Name] = true
-		}
-	}
+	orphaned, referenced := g.sweep(ctx, c, copies.Items, now)
 	if g.orphans == nil {
-		g.orphans = map[string]map[copyRef]time.Time{}
+		g.orphans = map[string]map[copyRef]orphan{}
 	}
 	g.orphans[c.Name] = orphaned
-	orphansPending.WithLabelValues(c.Name).Set(float64(len(orphaned)))
+	g.report(ctx, c.Name, orphaned)
 	var configs v1alpha2.LLMInferenceServiceConfigList
 	if err := c.Client.List(ctx, &configs, ours); err != nil {
 		return
@@ -131,8 +119,46 @@ func (g *OrphanCollector) collect(ctx context.Context, c inventory.Cluster, now 
 	}
 }
 
+// sweep deletes the copies whose grace period has ended and returns the
+// orphans left, and the configs (namespace/name) the copies still there
+// reference.
+func (g *OrphanCollector) sweep(ctx context.Context, c inventory.Cluster, copies []v1alpha2.LLMInferenceService, now time.Time) (map[copyRef]orphan, map[string]bool) {
+	before := g.orphans[c.Name]
+	orphaned := map[copyRef]orphan{}
+	referenced := map[string]bool{}
+	for _, cp := range copies {
+		ref := copyRef{cp.Namespace, cp.Name, cp.UID}
+		hub := &v1alpha2.LLMInferenceService{}
+		switch err := g.hub.Get(ctx, client.ObjectKeyFromObject(&cp), hub); {
+		case apierrors.IsNotFound(err):
+			o, ok := before[ref]
+			if !ok {
+				o.since = now
+			}
+			// The label is read from the copy each time: removing it there
+			// lets a long-held orphan go at once.
+			o.held = fleetv1alpha1.IsDeletionProtected(&cp)
+			if !o.held && now.Sub(o.since) >= g.grace {
+				_ = g.deletions.deleteCopy(ctx, c, cp.Namespace, cp.Name)
+				continue
+			}
+			orphaned[ref] = o
+		case err != nil:
+			// Unknown: neither an orphan nor proof of a live service; an
+			// orphan keeps its time.
+			if o, ok := before[ref]; ok {
+				orphaned[ref] = o
+			}
+		}
+		for _, ref := range cp.Spec.BaseRefs {
+			referenced[cp.Namespace+"/"+ref.Name] = true
+		}
+	}
+	return orphaned, referenced
+}
+
 // nextDue is when the first orphan found in the swept clusters ends its
-// grace period; false when none is pending. An unavailable cluster's
+// grace period; false when none is pending (held orphans never are). An unavailable cluster's
 // orphans keep their time but wait for the cluster, not the timer (which
 // would fire at once, over and over, once their grace has passed).
 func (g *OrphanCollector) nextDue(swept map[string]bool) (time.Time, bool) {
@@ -141,8 +167,11 @@ func (g *OrphanCollector) nextDue(swept map[string]bool) (time.Time, bool) {
 		if !swept[cluster] {
 			continue
 		}
-		for _, since := range orphans {
-			if due := since.Add(g.grace); next.IsZero() || due.Before(next) {
+		for _, o := range orphans {
+			if o.held {
+				continue
+			}
+			if due := o.since.Add(g.grace); next.IsZero() || due.Before(next) {
 				next = due
 			}
 		}

@@ -141,7 +141,7 @@ func service(name string, replicas int32) *v1alpha2.LLMInferenceService {
 
 // hubCopy is a copy the hub wrote into a spoke, with its replicas ready.
 func hubCopy(name string, replicas int32) *v1alpha2.LLMInferenceService {
-	cp := desiredCopy(service(name, replicas), hubtest.HubID, "", replicas, "")
+	cp := desiredCopy(service(name, replicas), hubtest.HubID, "", replicas, decision{})
 	setReady(cp, replicas)
 	return cp
 }

@@ -15,7 +15,7 @@ import (
 
 // otherHubsCopy is a copy another hub made in a spoke this hub shares.
 func otherHubsCopy(name string) *v1alpha2.LLMInferenceService {
-	cp := desiredCopy(service(name, 2), "the-other-hub", "", 2, "")
+	cp := desiredCopy(service(name, 2), "the-other-hub", "", 2, decision{})
 	setReady(cp, 2)
 	return cp
 }

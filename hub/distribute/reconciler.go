@@ -125,6 +125,13 @@ const ReasonCopiesLeft = "CopiesLeftToOrphanCollector"
 // DefaultClusterTimeout is Options.ClusterTimeout when unset.
 const DefaultClusterTimeout = 10 * time.Second
 
+// DefaultOrphanGrace is the hub's default --orphan-grace-period: OCM's work
+// agent waits as long before it evicts what a changed hub no longer
+// claims. A hub restored from a backup that lacks some services, or a hub
+// whose services were deleted without their finalizer, must not take
+// their copies off the clusters before someone notices.
+const DefaultOrphanGrace = 60 * time.Minute
+
 // DefaultReadyTimeout is Options.DefaultReadyTimeout when unset.
 const DefaultReadyTimeout = 10 * time.Minute
 
@@ -203,7 +210,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 			// Retried within finalizeRetry rather than by the queue's
 			// backoff, which after two minutes of failures waits minutes
 			// more: the patience must end on time.
-			log.FromContext(ctx).Error(err, "copies not deleted yet; retrying", "patienceLeft", FinalizePatience-time.Since(svc.DeletionTimestamp.Time))
+			log.FromContext(ctx).Error(err, "copies not deleted yet; retrying", "patienceLeft", FinalizePatience-time.Since(deletingSince(svc)))
 			return ctrl.Result{RequeueAfter: finalizeRetry}, nil
 		}
 		return ctrl.Result{}, nil
@@ -233,13 +240,20 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	if decideErr != nil && out.placed == nil {
 		return outcome{}, decideErr
 	}
+	// Copies are not written while their protection is not known, lest
+	// one lose the label; a decision that keeps writes nothing anyway.
+	by, protErr := deletionProtection(ctx, r.hub, svc)
+	if protErr != nil && !out.keep {
+		return outcome{}, errors.Join(decideErr, protErr)
+	}
+	out.protected = by != ""
 	var clocks []v1alpha2.CopyClock
 	var stuck []v1alpha2.StuckCluster
 	if out.memory != nil {
 		clocks, stuck = out.memory.CopyClocks, out.memory.StuckClusters
 	}
 	out.staged = planRollout(out.rollout, out.decision, copies, clocks, stuck, func(cluster string) *v1alpha2.LLMInferenceService {
-		return desiredCopy(svc, r.opts.HubID, cluster, out.want[cluster], out.federation)
+		return desiredCopy(svc, r.opts.HubID, cluster, out.want[cluster], out.decision)
 	}, r.timeNow())
 	out.requeue = placement.MinPositive(out.requeue, out.staged.requeue)
 	asked, distErr := r.distribute(ctx, svc, out.decision, out.staged.hold, clusters, copies)
@@ -258,7 +272,7 @@ func (r *Reconciler) reconcile(ctx context.Context, svc *v1alpha2.LLMInferenceSe
 	if svc.Status.Clusters != nil && !svc.Status.IsTrue(Distributed) && out.requeue == 0 {
 		out.requeue = 5 * time.Second
 	}
-	return out, errors.Join(decideErr, distErr)
+	return out, errors.Join(decideErr, protErr, distErr)
 }
 
 // inCluster runs one cluster's part of a reconcile under the cluster
@@ -282,12 +296,19 @@ func (r *Reconciler) clusterTimeout() time.Duration {
 	return r.opts.withDefaults().ClusterTimeout
 }
 
-// finalize deletes the copies in every reachable cluster. Copies in
-// unreachable clusters are left to the orphan collector, which removes them
-// when the cluster comes back, so a lost cluster cannot block deletion.
+// finalize deletes the copies in every reachable cluster, unless deletion
+// protection holds the service (protection.go). Copies in unreachable
+// clusters are left to the orphan collector, which removes them when the
+// cluster comes back, so a lost cluster cannot block deletion.
 func (r *Reconciler) finalize(ctx context.Context, svc *v1alpha2.LLMInferenceService) error {
 	if !controllerutil.ContainsFinalizer(svc, Finalizer) {
 		return nil
+	}
+	switch by, err := deletionProtection(ctx, r.hub, svc); {
+	case err != nil:
+		return err
+	case by != "":
+		return r.holdDeletion(ctx, svc, by)
 	}
 	var errs []error
 	for _, c := range r.clusters.Clusters(ctx) {
@@ -301,7 +322,10 @@ func (r *Reconciler) finalize(ctx context.Context, svc *v1alpha2.LLMInferenceSer
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		if time.Since(svc.DeletionTimestamp.Time) < FinalizePatience {
+		if heldUntilNow(svc) {
+			return errors.Join(err, r.liftHold(ctx, svc))
+		}
+		if time.Since(deletingSince(svc)) < FinalizePatience {
 			return err
 		}
 		// A spoke that refuses the delete (a webhook, RBAC drift) must not

@@ -197,7 +197,7 @@ func TestAStuckClusterStallsTheRolloutAfterItsReplicasMoved(t *testing.T) {
 	desired := func(string) *v1alpha2.LLMInferenceService {
 		svc := service("llama", 1)
 		svc.Spec.Model.URI = newModel
-		return desiredCopy(svc, hubtest.HubID, "", 1, "")
+		return desiredCopy(svc, hubtest.HubID, "", 1, decision{})
 	}
 	d := decision{want: map[string]int32{"b": 2, "c": 1}}
 	copies := map[string]*observed{"b": ready(oldModel), "c": ready(oldModel)}

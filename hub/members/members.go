@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -28,6 +27,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
+	"github.com/fleetinfer/fleetinfer/internal/statuspatch"
 )
 
 // +kubebuilder:rbac:groups=fleet.fleetinfer.io,resources=memberclusters,verbs=get;list;watch;create;delete
@@ -69,17 +69,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	capCtx, cancel := context.WithTimeout(ctx, r.ClusterTimeout)
 	capacity := placement.CapacityOf(capCtx, c)
 	cancel()
-	want := Status(cur.Status, c, capacity, time.Now())
-	if equality.Semantic.DeepEqual(cur.Status, want) {
+	now := time.Now()
+	if equality.Semantic.DeepEqual(cur.Status, Status(cur.Status, c, capacity, now)) {
 		return reconcile.Result{}, nil
 	}
-	return reconcile.Result{}, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		latest := &fleetv1alpha1.MemberCluster{}
-		if err := r.Hub.Get(ctx, client.ObjectKey{Name: name}, latest); err != nil {
-			return err
-		}
-		latest.Status = want
-		return r.Hub.Status().Update(ctx, latest)
+	// Computed on the latest status and sent as a patch of what changed, so
+	// that the orphan collector's pending deletions, written beside, are
+	// never overwritten with an older copy.
+	return reconcile.Result{}, statuspatch.Write(ctx, r.Hub, cur, func(latest *fleetv1alpha1.MemberCluster) {
+		latest.Status = Status(latest.Status, c, capacity, now)
 	})
 }
 

@@ -11,7 +11,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 	"github.com/fleetinfer/fleetinfer/internal/accelerator"
-	"github.com/fleetinfer/fleetinfer/spoke/capacity"
+	"github.com/fleetinfer/fleetinfer/internal/nodecapacity"
 )
 
 // The hub sizes a replica by what its pod takes and the spoke reports free
@@ -46,7 +46,7 @@ func TestHubNeedAndSpokeCapacityCountAPodAlike(t *testing.T) {
 				Allocatable: n(8), Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
 			bound := corev1.Pod{Spec: *pod.DeepCopy(), Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 			bound.Spec.NodeName = "n1"
-			st := capacity.Compute([]corev1.Node{node}, []corev1.Pod{bound})
+			st := nodecapacity.Compute([]corev1.Node{node}, []corev1.Pod{bound})
 			if len(st.Accelerators) != 1 || st.Accelerators[0].Resource != r || st.Accelerators[0].Requested != want {
 				t.Errorf("spoke capacity: %+v, want %d of %s requested", st.Accelerators, want, r)
 			}

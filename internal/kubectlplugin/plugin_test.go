@@ -1,7 +1,9 @@
 package kubectlplugin
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -76,5 +78,38 @@ func TestExplainSaysWhyEachClusterIsInOrOut(t *testing.T) {
 		if w := want[r.cluster]; r.decision != w[0] || r.why != w[1] {
 			t.Errorf("%s: %q, %q; want %q, %q", r.cluster, r.decision, r.why, w[0], w[1])
 		}
+	}
+}
+
+// status shows per cluster how many copies are pending deletion and held,
+// then each listed copy with when the orphan collector deletes it.
+func TestStatusShowsWhatIsPendingDeletionAndWhen(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+	after := metav1.NewTime(now.Add(59 * time.Minute))
+	east := fleetv1alpha1.MemberCluster{ObjectMeta: metav1.ObjectMeta{Name: "east"}, Status: fleetv1alpha1.MemberClusterStatus{
+		PendingDeletionCount: 2, HeldDeletionCount: 1,
+		PendingDeletions: []fleetv1alpha1.PendingDeletion{
+			{Namespace: "llm", Name: "lost", OrphanedSince: metav1.NewTime(now.Add(-time.Minute)), DeleteAfter: &after},
+			{Namespace: "llm", Name: "kept", OrphanedSince: metav1.NewTime(now.Add(-time.Hour)), Held: true},
+		}}}
+	if got := deletions(east.Status); got != "2 pending, 1 held" {
+		t.Errorf("DELETIONS %q, want \"2 pending, 1 held\"", got)
+	}
+	if got := deletions(fleetv1alpha1.MemberClusterStatus{}); got != "none" {
+		t.Errorf("DELETIONS %q without any, want none", got)
+	}
+	var out strings.Builder
+	if err := pendingDeletions(&out, []fleetv1alpha1.MemberCluster{east, {ObjectMeta: metav1.ObjectMeta{Name: "west"}}}, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"east     llm        lost           2026-01-02T02:59:00Z  2026-01-02T03:59:00Z (in 59m0s)",
+		"held: fleet.fleetinfer.io/deletion-protected=Always", "east     (1 more)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("pending deletions lack %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if err := pendingDeletions(&out, []fleetv1alpha1.MemberCluster{{ObjectMeta: metav1.ObjectMeta{Name: "west"}}}, now); err != nil || out.Len() != 0 {
+		t.Errorf("pending deletions without any: %q (%v), want nothing", out.String(), err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -43,22 +44,25 @@ func Status(ctx context.Context, hub client.Client, ns string, out io.Writer) er
 		return fmt.Errorf("services: %w", err)
 	}
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tAVAILABLE\tNODES\tGPUS (FREE/TOTAL)\tMESSAGE")
+	fmt.Fprintln(tw, "CLUSTER\tAVAILABLE\tNODES\tGPUS (FREE/TOTAL)\tDELETIONS\tMESSAGE")
 	sort.Slice(members.Items, func(i, j int) bool { return members.Items[i].Name < members.Items[j].Name })
 	for _, m := range members.Items {
 		available, msg := availability(&m)
 		if available == "True" {
 			msg = ""
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", m.Name, available, m.Status.Nodes, gpus(m.Status.Accelerators), msg)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", m.Name, available, m.Status.Nodes, gpus(m.Status.Accelerators), deletions(m.Status), msg)
 	}
 	if len(members.Items) == 0 {
-		fmt.Fprintln(tw, "(none: the hub has engaged no cluster)\t\t\t\t")
+		fmt.Fprintln(tw, "(none: the hub has engaged no cluster)\t\t\t\t\t")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintln(out)
+	if err := pendingDeletions(out, members.Items, time.Now()); err != nil {
+		return err
+	}
 	tw = tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAMESPACE\tSERVICE\tREADY\tCLUSTERS (READY/DESIRED REPLICAS, PHASE)")
 	sort.Slice(services.Items, func(i, j int) bool {
@@ -85,6 +89,48 @@ func availability(m *fleetv1alpha1.MemberCluster) (string, string) {
 		return "Unknown", "the hub has not judged it yet"
 	}
 	return string(c.Status), c.Message
+}
+
+// deletions is a MemberCluster's count of the copies the orphan collector
+// will delete and of those deletion protection holds.
+func deletions(st fleetv1alpha1.MemberClusterStatus) string {
+	if st.PendingDeletionCount == 0 && st.HeldDeletionCount == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d pending, %d held", st.PendingDeletionCount, st.HeldDeletionCount)
+}
+
+// pendingDeletions lists, when there are any, the copies whose hub service
+// is gone, cluster by cluster: when the orphan collector deletes each, or
+// that protection holds it. A user who sees a copy here that should stay
+// recreates its hub service before DELETE AFTER.
+func pendingDeletions(out io.Writer, members []fleetv1alpha1.MemberCluster, now time.Time) error {
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	rows := 0
+	for _, m := range members {
+		for _, d := range m.Status.PendingDeletions {
+			if rows == 0 {
+				fmt.Fprintln(tw, "CLUSTER\tNAMESPACE\tORPHANED COPY\tORPHANED SINCE\tDELETE AFTER")
+			}
+			rows++
+			after := "held: " + fleetv1alpha1.DeletionProtectedLabel + "=" + fleetv1alpha1.DeletionProtectedAlways
+			if d.DeleteAfter != nil {
+				after = fmt.Sprintf("%s (in %s)", d.DeleteAfter.UTC().Format(time.RFC3339), d.DeleteAfter.Sub(now).Round(time.Second))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Name, d.Namespace, d.Name, d.OrphanedSince.UTC().Format(time.RFC3339), after)
+		}
+		if more := int(m.Status.PendingDeletionCount+m.Status.HeldDeletionCount) - len(m.Status.PendingDeletions); more > 0 {
+			fmt.Fprintf(tw, "%s\t(%d more)\t\t\t\n", m.Name, more)
+		}
+	}
+	if rows == 0 {
+		return nil
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(out)
+	return err
 }
 
 // gpus is "product free/total" per accelerator product.

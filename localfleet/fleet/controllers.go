@@ -42,23 +42,17 @@ func (f *Fleet) startHubController(ctx context.Context) error {
 	if provider == "" {
 		provider = "kubeconfig"
 	}
-	f.hubArgs = append([]string{
+	f.hubBaseArgs = []string{
 		"--kubeconfig=" + kubeconfig,
 		"--cluster-namespace=" + Namespace,
 		"--cluster-provider=" + provider,
 		"--probe-interval=1s",
 		"--orphan-collection-interval=10s",
-	}, f.opts.HubArgs...)
+	}
 	if f.opts.HubReplicas > 1 {
-		f.hubArgs = append(f.hubArgs, "--leader-elect", "--leader-election-namespace="+Namespace)
+		f.hubBaseArgs = append(f.hubBaseArgs, "--leader-elect", "--leader-election-namespace="+Namespace)
 	}
-	for range max(f.opts.HubReplicas, 1) {
-		if _, err := f.StartHubReplica(ctx); err != nil {
-			return err
-		}
-	}
-	_, err = f.HubLeader(ctx, time.Minute)
-	return err
+	return f.StartHub(ctx, f.opts.HubArgs)
 }
 
 // startSpokeController runs the spoke image against the spoke as a

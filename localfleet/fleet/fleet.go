@@ -148,8 +148,10 @@ type Fleet struct {
 	agents   sync.WaitGroup
 	stopOnce sync.Once
 
-	// hubArgs are bin/hub's flags; hubs every replica started.
+	// hubArgs are bin/hub's flags: hubBaseArgs, which the fleet needs,
+	// then Options.HubArgs (or StartHub's); hubs every replica started.
 	hubArgs     []string
+	hubBaseArgs []string
 	hubMu       sync.Mutex
 	hubs        []*HubReplica
 	hubsStarted int

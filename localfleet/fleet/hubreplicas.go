@@ -3,8 +3,10 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
 	"github.com/fleetinfer/fleetinfer/localfleet/metrics"
 	"github.com/fleetinfer/fleetinfer/localfleet/process"
 )
@@ -25,14 +27,14 @@ const leaderMetric = `leader_election_master_status{name="fleetinfer-hub"}`
 // the lease). With Options.HubReplicas above 1 the replicas elect a leader.
 func (f *Fleet) StartHubReplica(ctx context.Context) (*HubReplica, error) {
 	f.hubMu.Lock()
-	n := f.hubsStarted
+	n, args := f.hubsStarted, f.hubArgs
 	f.hubsStarted++
 	f.hubMu.Unlock()
 	name := "hub-controller"
 	if n > 0 {
 		name = fmt.Sprintf("hub-controller-%d", n)
 	}
-	p, err := f.startController(ctx, f.Hub, f.Image("hub"), name, f.hubArgs)
+	p, err := f.startController(ctx, f.Hub, f.Image("hub"), name, args)
 	r := &HubReplica{Process: p, Metrics: f.Hub.ControllerMetrics}
 	if p != nil {
 		f.hubMu.Lock()
@@ -40,6 +42,31 @@ func (f *Fleet) StartHubReplica(ctx context.Context) (*HubReplica, error) {
 		f.hubMu.Unlock()
 	}
 	return r, err
+}
+
+// StopHub stops every hub replica, as an outage or an upgrade of the hub
+// does: the spokes keep running what the hub wrote.
+func (f *Fleet) StopHub() {
+	for _, r := range f.HubReplicas() {
+		r.Process.Stop(controlplane.StopGrace)
+	}
+}
+
+// StartHub starts the fleet's number of hub replicas with args in place of
+// Options.HubArgs from now on (a test that needs a flag at its default,
+// which the suite sets, brings the hub back so), and waits until one
+// leads. A replica that was stopped holds the lease until it expires.
+func (f *Fleet) StartHub(ctx context.Context, args []string) error {
+	f.hubMu.Lock()
+	f.hubArgs = append(slices.Clone(f.hubBaseArgs), args...)
+	f.hubMu.Unlock()
+	for range max(f.opts.HubReplicas, 1) {
+		if _, err := f.StartHubReplica(ctx); err != nil {
+			return err
+		}
+	}
+	_, err := f.HubLeader(ctx, time.Minute)
+	return err
 }
 
 // HubReplicas are the hub processes still running.

@@ -81,7 +81,27 @@ const (
 	// are reachable from no other cluster, and peers reach it in Parent mode
 	// through its gateway.
 	PodNetworkLabel = "fleet.fleetinfer.io/pod-network"
+
+	// DeletionProtectedLabel, set to DeletionProtectedAlways on a hub
+	// LLMInferenceService or on an InferencePlacement (for every service it
+	// selects), keeps the service's copies when the service is deleted: the
+	// hub holds the deleted service (Terminating) until the label is
+	// removed, and its orphan collector never deletes a copy that carries
+	// the label, which the hub copies onto every copy it writes. It guards
+	// against removing a service from the fleet by mistake, not against
+	// moves: placement, failover and an explicit replicas: 0 still remove
+	// the copies they remove. Modelled after Karmada's
+	// resourcetemplate.karmada.io/deletion-protected: Always.
+	DeletionProtectedLabel = "fleet.fleetinfer.io/deletion-protected"
+	// DeletionProtectedAlways is the only value that protects, as in
+	// Karmada: any other value protects nothing.
+	DeletionProtectedAlways = "Always"
 )
+
+// IsDeletionProtected reports whether obj carries the deletion protection.
+func IsDeletionProtected(obj metav1.Object) bool {
+	return obj.GetLabels()[DeletionProtectedLabel] == DeletionProtectedAlways
+}
 
 // Flags of the endpoint picker (cmd/epp) that the spoke controller sets
 // when it federates a picker, without the leading dashes.
