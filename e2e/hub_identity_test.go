@@ -189,6 +189,70 @@ func TestASecondHubWithTheFirstHubsIDWritesNothingAndSaysWhy(t *testing.T) {
 	}
 }
 
+// A restored hub whose old hub still runs takes the spokes over only when
+// told to (--take-over-spoke-leases): it holds every spoke's lease at once,
+// the old hub stands by there and says so, and writes nothing, not even
+// an edit of its own service. Once the new hub is gone, the old one takes
+// the leases back when they expire, and catches up.
+func TestARestoredHubTakesTheSpokesOverOnlyWhenTold(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, fl.Hub)
+	place(t, routedService(ns, "first-hubs", 1), fleetv1alpha1.InferencePlacementSpec{
+		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east"}}, Federation: noFederation})
+	hubReady(t, ns, "first-hubs", "east=1", 120*time.Second)
+	east := fl.Spoke("east")
+	key := client.ObjectKey{Namespace: ns, Name: "first-hubs"}
+	cp := &v1alpha2.LLMInferenceService{}
+	if err := east.Client.Get(ctx, key, cp); err != nil {
+		t.Fatal(err)
+	}
+	id := cp.Labels[fleetv1alpha1.HubIDLabel]
+
+	// Its orphan grace is long: a restore is not missing the first hub's
+	// service, this test only has no copy of it there.
+	second := startSecondHub(t, "--hub-id="+id, "--take-over-spoke-leases", "--orphan-grace-period=1h")
+	leaseConditions(t, second.hub, fleetv1alpha1.ReasonHubLeaseHeld)
+	leaseMetric(t, second.metrics, 1)
+	restored := installation(t, second.hub)
+	for cluster, msg := range leaseConditions(t, fl.Hub.Client, fleetv1alpha1.ReasonHeldByAnotherHub) {
+		if !strings.Contains(msg, restored) {
+			t.Errorf("%s: the old hub's HubLeaseHeld says %q, want the restored hub's installation %s", cluster, msg, restored)
+		}
+	}
+	leaseEvents(t, fl.Hub.Client, fleetv1alpha1.ReasonHeldByAnotherHub)
+
+	svc := &v1alpha2.LLMInferenceService{}
+	if err := fl.Hub.Client.Get(ctx, key, svc); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(svc.DeepCopy())
+	metav1.SetMetaDataLabel(&svc.ObjectMeta, "edited", "while-fenced")
+	if err := fl.Hub.Client.Patch(ctx, svc, patch); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	if got := copiesIn(t, east, ns)["first-hubs"]; got != cp.ResourceVersion {
+		t.Errorf("the fenced old hub changed its copy (resourceVersion %s → %q)", cp.ResourceVersion, got)
+	}
+
+	second.stop()
+	stopped := time.Now()
+	leaseConditions(t, fl.Hub.Client, fleetv1alpha1.ReasonHubLeaseHeld)
+	back := time.Since(stopped)
+	leaseEvents(t, fl.Hub.Client, fleetv1alpha1.ReasonHubLeaseHeld)
+	testutil.Eventually(t, 30*time.Second, "the old hub writes its edit", func(ctx context.Context) error {
+		if err := east.Client.Get(ctx, key, cp); err != nil {
+			return err
+		}
+		if cp.Labels["edited"] != "while-fenced" {
+			return fmt.Errorf("copy labels %v", cp.Labels)
+		}
+		return nil
+	})
+	reportFault("hub-takeover", "a restored hub took every spoke over (--take-over-spoke-leases); stopped, the old hub held its leases again %.1f s later",
+		back.Seconds())
+}
+
 // installation is how the hub of cluster c names itself as a lease holder:
 // its kube-system UID, then its namespace.
 func installation(t *testing.T, c client.Client) string {
@@ -281,6 +345,7 @@ func copiesIn(t *testing.T, c *fleet.Cluster, ns string) map[string]string {
 type secondHub struct {
 	metrics string
 	hub     client.Client
+	stop    func()
 }
 
 // startSecondHub starts a hub cluster of its own, registers the fleet's
@@ -346,5 +411,5 @@ func startSecondHub(t *testing.T, args ...string) secondHub {
 	if err := controlplane.WaitHTTP(ctx, p, http.DefaultClient, "http://"+probeAddr+"/readyz", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	return secondHub{metrics: "http://" + metricsAddr + "/metrics", hub: hub}
+	return secondHub{metrics: "http://" + metricsAddr + "/metrics", hub: hub, stop: func() { p.Stop(controlplane.StopGrace) }}
 }
