@@ -35,11 +35,7 @@ import (
 // copies alone, because they carry the first hub's identity.
 func TestASecondHubOnTheSameSpokesLeavesTheFirstHubsCopiesAlone(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t, fl.Hub)
-	place(t, routedService(ns, "first-hubs", 1), fleetv1alpha1.InferencePlacementSpec{
-		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east"}}, Federation: noFederation})
-	hubReady(t, ns, "first-hubs", "east=1", 120*time.Second)
-	east := fl.Spoke("east")
+	ns, east, _ := firstHubsServiceInEast(t)
 	load := startLoad(t, ns, "first-hubs", loadRate, 5*time.Minute, "east")
 	pods := podUIDs(t, ns, "first-hubs")
 	before := copiesIn(t, east, ns)
@@ -110,16 +106,8 @@ func TestASecondHubOnTheSameSpokesLeavesTheFirstHubsCopiesAlone(t *testing.T) {
 // MemberClusters, in Warning Events and in a metric.
 func TestASecondHubWithTheFirstHubsIDWritesNothingAndSaysWhy(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t, fl.Hub)
-	place(t, routedService(ns, "first-hubs", 1), fleetv1alpha1.InferencePlacementSpec{
-		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east"}}, Federation: noFederation})
-	hubReady(t, ns, "first-hubs", "east=1", 120*time.Second)
-	east := fl.Spoke("east")
+	ns, east, cp := firstHubsServiceInEast(t)
 	before := copiesIn(t, east, ns)
-	cp := &v1alpha2.LLMInferenceService{}
-	if err := east.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "first-hubs"}, cp); err != nil {
-		t.Fatal(err)
-	}
 	id, first := cp.Labels[fleetv1alpha1.HubIDLabel], installation(t, fl.Hub.Client)
 	since := time.Now()
 
@@ -196,16 +184,8 @@ func TestASecondHubWithTheFirstHubsIDWritesNothingAndSaysWhy(t *testing.T) {
 // the leases back when they expire, and catches up.
 func TestARestoredHubTakesTheSpokesOverOnlyWhenTold(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t, fl.Hub)
-	place(t, routedService(ns, "first-hubs", 1), fleetv1alpha1.InferencePlacementSpec{
-		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east"}}, Federation: noFederation})
-	hubReady(t, ns, "first-hubs", "east=1", 120*time.Second)
-	east := fl.Spoke("east")
-	key := client.ObjectKey{Namespace: ns, Name: "first-hubs"}
-	cp := &v1alpha2.LLMInferenceService{}
-	if err := east.Client.Get(ctx, key, cp); err != nil {
-		t.Fatal(err)
-	}
+	ns, east, cp := firstHubsServiceInEast(t)
+	key := client.ObjectKeyFromObject(cp)
 	id := cp.Labels[fleetv1alpha1.HubIDLabel]
 
 	// Its orphan grace is long: a restore is not missing the first hub's
@@ -251,6 +231,23 @@ func TestARestoredHubTakesTheSpokesOverOnlyWhenTold(t *testing.T) {
 	})
 	reportFault("hub-takeover", "a restored hub took every spoke over (--take-over-spoke-leases); stopped, the old hub held its leases again %.1f s later",
 		back.Seconds())
+}
+
+// firstHubsServiceInEast places a service "first-hubs" of the fleet's hub
+// in a new namespace on east and waits until it is ready; it returns the
+// namespace, east and the copy there.
+func firstHubsServiceInEast(t *testing.T) (string, *fleet.Cluster, *v1alpha2.LLMInferenceService) {
+	t.Helper()
+	ns := namespace(t, fl.Hub)
+	place(t, routedService(ns, "first-hubs", 1), fleetv1alpha1.InferencePlacementSpec{
+		Clusters: fleetv1alpha1.ClusterAffinity{Names: []string{"east"}}, Federation: noFederation})
+	hubReady(t, ns, "first-hubs", "east=1", 120*time.Second)
+	east := fl.Spoke("east")
+	cp := &v1alpha2.LLMInferenceService{}
+	if err := east.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "first-hubs"}, cp); err != nil {
+		t.Fatal(err)
+	}
+	return ns, east, cp
 }
 
 // installation is how the hub of cluster c names itself as a lease holder:
