@@ -12,6 +12,7 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,6 +35,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub/export"
 	"github.com/fleetinfer/fleetinfer/hub/federation"
 	"github.com/fleetinfer/fleetinfer/hub/internal/component"
+	"github.com/fleetinfer/fleetinfer/hub/internal/fence"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/members"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
@@ -105,6 +107,17 @@ type Options struct {
 	// HubID is this hub's identity on the spokes (fleetv1alpha1.HubIDLabel);
 	// empty derives it from the hub cluster (HubIdentity).
 	HubID string
+	// SpokeLeaseDuration and SpokeLeaseRenewPeriod: the hub writes to a
+	// spoke only while it holds the lease of its hub ID there
+	// (inventory.Options.Lease), renewed every period, lasting the
+	// duration; a restored hub whose old one is dead takes it over a
+	// duration after it stopped being renewed.
+	SpokeLeaseDuration    time.Duration
+	SpokeLeaseRenewPeriod time.Duration
+	// TakeOverSpokeLeases takes the leases another hub installation with
+	// the same hub ID holds, at once: for a restore whose old hub still
+	// runs and must be retired (it then stands by).
+	TakeOverSpokeLeases bool
 	// FederationCASecret is the Secret in Namespace holding the federation
 	// CA (created when missing).
 	FederationCASecret string
@@ -127,6 +140,12 @@ func (o Options) withDefaults() Options {
 	if o.Workers <= 0 {
 		o.Workers = DefaultWorkers
 	}
+	if o.SpokeLeaseDuration <= 0 {
+		o.SpokeLeaseDuration = inventory.DefaultLeaseDuration
+	}
+	if o.SpokeLeaseRenewPeriod <= 0 {
+		o.SpokeLeaseRenewPeriod = inventory.DefaultLeaseRenewPeriod
+	}
 	return o
 }
 
@@ -135,16 +154,24 @@ func (o Options) withDefaults() Options {
 // its own options.
 func Setup(ctx context.Context, mgr mcmanager.Manager, opts Options) error {
 	opts = opts.withDefaults()
+	if opts.SpokeLeaseRenewPeriod >= opts.SpokeLeaseDuration {
+		return fmt.Errorf("the spoke lease renew period (%s) must be shorter than its duration (%s)", opts.SpokeLeaseRenewPeriod, opts.SpokeLeaseDuration)
+	}
 	local := mgr.GetLocalManager()
 	id, err := HubIdentity(ctx, local.GetAPIReader(), opts.HubID)
 	if err != nil {
 		return err
 	}
-	local.GetLogger().Info("hub identity", "hubID", id)
+	installation, err := HubInstallation(ctx, local.GetAPIReader(), opts.Namespace)
+	if err != nil {
+		return err
+	}
+	local.GetLogger().Info("hub identity", "hubID", id, "installation", installation, "takeOverSpokeLeases", opts.TakeOverSpokeLeases)
 	inv := inventory.New(inventory.Options{Hub: local.GetClient(), HubReader: local.GetAPIReader(), Namespace: opts.Namespace,
 		ProbeInterval: opts.ProbeInterval, ProbeFailureThreshold: opts.ProbeFailureThreshold,
 		ProbeSuccessThreshold: opts.ProbeSuccessThreshold, EngageGrace: engageGrace(opts.ProbeInterval, opts.ProbeFailureThreshold),
-		Log: local.GetLogger().WithName("inventory")})
+		Lease:            fence.Options{HubID: id, Holder: installation, Duration: opts.SpokeLeaseDuration, TakeOver: opts.TakeOverSpokeLeases},
+		LeaseRenewPeriod: opts.SpokeLeaseRenewPeriod, Log: local.GetLogger().WithName("inventory")})
 	if err := mgr.Add(inv); err != nil {
 		return err
 	}

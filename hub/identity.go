@@ -26,12 +26,34 @@ func HubIdentity(ctx context.Context, hub client.Reader, given string) (string, 
 		}
 		return given, nil
 	}
+	uid, err := kubeSystemUID(ctx, hub)
+	if err != nil {
+		return "", fmt.Errorf("deriving the hub's identity (or set --hub-id): %w", err)
+	}
+	return uid, nil
+}
+
+// HubInstallation names this hub installation as the holder of its leases
+// in the spokes (package fence): the hub cluster's kube-system UID and the
+// hub's namespace there. Unlike the hub ID, which an operator may give two
+// hubs, no other installation shares it, while every replica of this one
+// does, so a new leader holds the leases at once.
+func HubInstallation(ctx context.Context, hub client.Reader, namespace string) (string, error) {
+	uid, err := kubeSystemUID(ctx, hub)
+	if err != nil {
+		return "", fmt.Errorf("naming the hub installation: %w", err)
+	}
+	return uid + "/" + namespace, nil
+}
+
+// kubeSystemUID is the UID of the hub cluster's kube-system namespace.
+func kubeSystemUID(ctx context.Context, hub client.Reader) (string, error) {
 	ns := &corev1.Namespace{}
 	if err := hub.Get(ctx, client.ObjectKey{Name: metav1.NamespaceSystem}, ns); err != nil {
-		return "", fmt.Errorf("deriving the hub's identity from the kube-system namespace (or set --hub-id): %w", err)
+		return "", fmt.Errorf("reading the kube-system namespace: %w", err)
 	}
 	if ns.UID == "" {
-		return "", fmt.Errorf("the kube-system namespace has no UID to derive the hub's identity from; set --hub-id")
+		return "", fmt.Errorf("the kube-system namespace has no UID")
 	}
 	return string(ns.UID), nil
 }

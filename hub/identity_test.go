@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
@@ -38,5 +39,31 @@ func TestHubIdentity(t *testing.T) {
 				t.Fatalf("HubIdentity = %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// Two hub installations given the same --hub-id (a restored hub beside the
+// one it replaces) hold the spokes' leases under different names, while the
+// replicas of one installation share it; another namespace of the same
+// cluster is another installation.
+func TestHubInstallation(t *testing.T) {
+	cluster := func(uid string) client.Reader {
+		return fake.NewClientBuilder().WithObjects(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-system", UID: types.UID(uid)}}).Build()
+	}
+	ctx := context.Background()
+	names := map[string]bool{}
+	for _, hub := range []struct{ uid, namespace string }{{"uid-a", "fleetinfer-system"}, {"uid-b", "fleetinfer-system"}, {"uid-a", "fleetinfer-dr"}} {
+		got, err := HubInstallation(ctx, cluster(hub.uid), hub.namespace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, _ := HubInstallation(ctx, cluster(hub.uid), hub.namespace)
+		if names[got] || got != again {
+			t.Errorf("HubInstallation(%s, %s) = %q (again %q), seen before: %v", hub.uid, hub.namespace, got, again, names)
+		}
+		names[got] = true
+	}
+	if _, err := HubInstallation(ctx, fake.NewClientBuilder().Build(), "fleetinfer-system"); err == nil {
+		t.Error("no kube-system: want an error")
 	}
 }

@@ -127,8 +127,11 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 		want, chosen := d.want[c.Name]
 		var write func(context.Context) error
 		switch {
-		case !c.Available() || o.err != nil:
-			// Nothing can be written; failover (in decide) handles it.
+		case !c.Writable() || o.err != nil:
+			// Nothing can be written; failover (in decide) handles an
+			// unavailable cluster. A fenced one is not lost, only another
+			// hub's to write to: this hub writes nothing there and moves
+			// nothing away from it (decide sees it available).
 		case chosen && o.exists && !o.ours:
 			// Someone else's object: reported, never overwritten.
 		case chosen:

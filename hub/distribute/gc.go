@@ -85,7 +85,9 @@ func (g *OrphanCollector) Start(ctx context.Context) error {
 		}
 		clear(swept)
 		for _, c := range g.inv.Clusters(ctx) {
-			if c.Available() {
+			// A fenced cluster is another hub's to write: no orphan of it
+			// is timed or counted until this hub holds its lease again.
+			if c.Writable() {
 				cctx, cancel := context.WithTimeout(ctx, g.timeout)
 				g.collect(cctx, c, time.Now())
 				cancel()

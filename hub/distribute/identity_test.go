@@ -2,6 +2,7 @@ package distribute
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
+	"github.com/fleetinfer/fleetinfer/hub/internal/fence"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
@@ -91,5 +93,49 @@ func TestOrphansAreDeletedOnlyAfterTheGracePeriod(t *testing.T) {
 	}
 	if got := pending(); got != 1 {
 		t.Errorf("fleetinfer_hub_orphans_pending_deletion{cluster=a} = %v, want 1 (the copy whose service went again)", got)
+	}
+}
+
+// A cluster whose hub lease another hub installation with this hub's ID
+// holds is that hub's to write: this hub writes nothing there, neither its
+// own services' copies nor changes to (or deletions of) the copies there,
+// says why in the service's status, and moves no replica away from it,
+// since the cluster is not lost; the clusters it holds are written as ever.
+func TestAFencedClusterIsWrittenNothingAndNothingMovesAway(t *testing.T) {
+	// The other hub's copy of "shared" carries this hub's ID, with another
+	// spec (3 replicas); "theirs" has no service on this hub.
+	f := newFleet(t, []client.Object{service("shared", 1), service("new", 1), placementOf(fleetv1alpha1.Duplicated, "a", "b")},
+		map[string][]client.Object{"a": {hubCopy("shared", 3), hubCopy("theirs", 1)}, "b": nil})
+	a := f.Spoke("a")
+	a.Fence = fence.Fence{Reason: fleetv1alpha1.ReasonHeldByAnotherHub, Message: `the Lease is held by hub installation "uid-b/fleetinfer-system"`}
+	f.r.opts.OrphanGrace = 0
+	for range 2 {
+		f.reconcile("shared")
+		f.reconcile("new")
+		gc := f.r.OrphanCollector(time.Hour)
+		for _, c := range f.Clusters(context.Background()) {
+			gc.collect(context.Background(), c, time.Now())
+		}
+	}
+
+	if w := a.Writes(); len(w) != 0 {
+		t.Errorf("writes %q to the fenced cluster, want none", w)
+	}
+	f.kept("fenced", "a", "shared", 3)
+	f.kept("fenced", "a", "theirs", 1)
+	for _, name := range []string{"shared", "new"} {
+		f.kept("writable", "b", name, 1)
+		var entry *v1alpha2.ClusterStatus
+		for _, e := range f.hubService(name).Status.Clusters {
+			if e.Name == "a" {
+				entry = &e
+			}
+		}
+		switch {
+		case entry == nil || entry.DesiredReplicas != 1:
+			t.Errorf("%s: status entry of a %+v, want it still chosen with 1 replica", name, entry)
+		case name == "new" && !strings.Contains(entry.Message, "uid-b/fleetinfer-system"):
+			t.Errorf("%s: status entry of a says %q, want the fence's message", name, entry.Message)
+		}
 	}
 }

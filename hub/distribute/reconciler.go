@@ -312,7 +312,7 @@ func (r *Reconciler) finalize(ctx context.Context, svc *v1alpha2.LLMInferenceSer
 	}
 	var errs []error
 	for _, c := range r.clusters.Clusters(ctx) {
-		if !c.Available() {
+		if !c.Writable() { // the orphan collector deletes there later
 			continue
 		}
 		if err := r.inCluster(ctx, func(ctx context.Context) error {

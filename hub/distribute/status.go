@@ -61,9 +61,9 @@ type clusterTally struct {
 // tallyClusters builds an entry for every cluster the decision chooses or
 // that holds a copy of this hub, sorted by name.
 func tallyClusters(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory.Cluster, copies map[string]*observed) clusterTally {
-	available := map[string]bool{}
+	byName := map[string]inventory.Cluster{}
 	for _, c := range clusters {
-		available[c.Name] = c.Available()
+		byName[c.Name] = c
 	}
 	names := map[string]bool{}
 	for n := range out.want {
@@ -81,7 +81,7 @@ func tallyClusters(svc *v1alpha2.LLMInferenceService, out outcome, clusters []in
 			o = &observed{err: fmt.Errorf("cluster %s is not registered", n)}
 		}
 		_, chosen := out.want[n]
-		e := t.entry(svc, n, o, out, available[n])
+		e := t.entry(svc, n, o, out, byName[n])
 		if chosen {
 			t.placed++
 			if e.Phase == PhaseRunning {
@@ -95,15 +95,17 @@ func tallyClusters(svc *v1alpha2.LLMInferenceService, out outcome, clusters []in
 	return t
 }
 
-// entry is the status entry of cluster n, whose copy is o; what keeps it
-// from Running is noted for the Distributed condition.
-func (t *clusterTally) entry(svc *v1alpha2.LLMInferenceService, n string, o *observed, out outcome, available bool) v1alpha2.ClusterStatus {
+// entry is the status entry of cluster n (c; zero when not registered, and
+// then o has an error), whose copy is o; what keeps it from Running is
+// noted for the Distributed condition, and a fence (another hub with this
+// hub's ID writes there) in the entry's message.
+func (t *clusterTally) entry(svc *v1alpha2.LLMInferenceService, n string, o *observed, out outcome, c inventory.Cluster) v1alpha2.ClusterStatus {
 	want, chosen := out.want[n]
 	stuckMsg, stuck := stuckMessage(out.stuck, n)
 	e := v1alpha2.ClusterStatus{Name: n, DesiredReplicas: want, PlacementReason: out.reasons[n],
 		ReadyReplicas: o.readyReplicas, Ready: o.ready, URL: o.url, Message: o.message}
 	switch {
-	case !available || o.err != nil:
+	case !c.Available() || o.err != nil:
 		e.Phase = PhaseUnreachable
 		if o.err != nil {
 			e.Message = o.err.Error()
@@ -135,6 +137,9 @@ func (t *clusterTally) entry(svc *v1alpha2.LLMInferenceService, n string, o *obs
 		e.Phase = PhaseRunning
 	default:
 		e.Phase = PhasePlacing
+	}
+	if c.Fence.Fenced() && e.Phase != PhaseRunning && e.Phase != PhaseUnreachable {
+		e.Message = "this hub writes nothing in this cluster: " + c.Fence.Message
 	}
 	return e
 }

@@ -66,7 +66,8 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=inference.networking.x-k8s.io,resources=inferencepoolimports/status,verbs=get;update;patch
 
 // Reconcile converges one pool's exports and imports. A cluster that cannot
-// be reached keeps what it has until it is back, and a cluster whose pool
+// be reached, or that another hub with this hub's ID holds (fenced), keeps
+// what it has until it is back, and a cluster whose pool
 // cannot be read keeps its place in the imports: not knowing whether a
 // cluster exports is no reason to withdraw its pool from the fleet.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
@@ -98,7 +99,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 			continue
 		}
 		exporting = append(exporting, c.Name)
-		if c.Available() {
+		if c.Writable() {
 			if err := markExported(ctx, c.Client, p); err != nil {
 				errs = append(errs, fmt.Errorf("cluster %s: %w", c.Name, err))
 			}
@@ -107,7 +108,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 	sort.Strings(exporting)
 	importedPools.WithLabelValues(req.Namespace, req.Name).Set(float64(len(exporting)))
 	for _, c := range clusters {
-		if !c.Available() {
+		if !c.Writable() {
 			continue
 		}
 		var err error

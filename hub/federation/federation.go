@@ -108,7 +108,9 @@ type member struct {
 	peer *fleetv1alpha1.Peer
 }
 
-// Reconcile publishes what the federation of one hub service needs.
+// Reconcile publishes what the federation of one hub service needs, in the
+// clusters the hub may write to (available, not fenced); the others keep
+// what was published.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
 	svc := &v1alpha2.LLMInferenceService{}
 	if err := r.Hub.Get(ctx, req.NamespacedName, svc); err != nil {
@@ -123,7 +125,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 	members, retired = sortedMembers(append(members, importers...)), append(retired, others...)
 	var errs []error
 	for _, m := range retired {
-		if m.cluster.Available() {
+		if m.cluster.Writable() {
 			if err := r.unpublish(ctx, svc, m); err != nil {
 				errs = append(errs, fmt.Errorf("cluster %s: %w", m.cluster.Name, err))
 			}
@@ -132,7 +134,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (ct
 	var renew time.Time
 	noGateway := map[string]bool{}
 	for _, m := range members {
-		if !m.cluster.Available() {
+		if !m.cluster.Writable() {
 			continue
 		}
 		if m.importer != nil {

@@ -31,6 +31,8 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	"sigs.k8s.io/multicluster-runtime/providers/kubeconfig"
+
+	"github.com/fleetinfer/fleetinfer/hub/internal/fence"
 )
 
 var secretGVK = corev1.SchemeGroupVersion.WithKind("Secret")
@@ -53,10 +55,20 @@ type Cluster struct {
 	// began to lead less than its EngageGrace ago: its copies and capacity
 	// are not known yet, not known to be lost.
 	Engaging bool
+	// Fence says why the hub may not write to the cluster although it may
+	// read it: it does not hold its hub lease there (lease.go). Client
+	// refuses writes then; zero while it may write.
+	Fence fence.Fence
 }
 
 // Available reports whether the cluster is currently available.
 func (c Cluster) Available() bool { return c.UnavailableSince.IsZero() }
+
+// Writable reports whether the hub may write to the cluster: it is
+// available and not fenced. A fenced cluster still runs what it runs, and
+// another hub with this hub's ID manages it: the hub skips it when writing,
+// as it does an unavailable one, but it is no reason to move replicas.
+func (c Cluster) Writable() bool { return c.Available() && !c.Fence.Fenced() }
 
 // Options configure the inventory.
 type Options struct {
@@ -88,7 +100,15 @@ type Options struct {
 	// first moments, would otherwise take a healthy cluster as lost long
 	// ago and move its replicas away at once.
 	EngageGrace time.Duration
-	Log         logr.Logger
+	// Lease fences the hub's writes (lease.go): while it leads the hub
+	// keeps the lease of Lease.HubID in every engaged cluster, and the
+	// clients Clusters lists refuse writes where it does not hold it. No
+	// HubID: no fencing.
+	Lease fence.Options
+	// LeaseRenewPeriod is how often the leases are renewed
+	// (DefaultLeaseRenewPeriod when unset).
+	LeaseRenewPeriod time.Duration
+	Log              logr.Logger
 }
 
 // Source lists the fleet's clusters, sorted by name, each with its clients
@@ -141,6 +161,11 @@ type tracked struct {
 	regAvailable bool
 	regReason    string
 	regSince     time.Time
+	// lease is the hub lease there, guarded by the inventory's mu;
+	// announced the fence last announced. leaseMu serializes renewals.
+	lease     fence.State
+	announced fence.Fence
+	leaseMu   sync.Mutex
 }
 
 // New builds an inventory.
@@ -156,6 +181,12 @@ func New(opts Options) *Inventory {
 	}
 	if opts.ProbeSuccessThreshold <= 0 {
 		opts.ProbeSuccessThreshold = 2
+	}
+	if opts.Lease.Duration <= 0 {
+		opts.Lease.Duration = DefaultLeaseDuration
+	}
+	if opts.LeaseRenewPeriod <= 0 {
+		opts.LeaseRenewPeriod = DefaultLeaseRenewPeriod
 	}
 	return &Inventory{opts: opts, clusters: map[string]*tracked{},
 		record: &record{hub: opts.Hub, reader: opts.HubReader, key: client.ObjectKey{Namespace: opts.Namespace, Name: RecordName}, log: opts.Log}}
@@ -192,9 +223,15 @@ func (i *Inventory) Engage(ctx context.Context, name multicluster.ClusterName, c
 		recorded: i.record.since(ctx, string(name))}
 	i.mu.Lock()
 	i.clusters[t.name] = t
+	leading := !i.started.IsZero()
 	i.mu.Unlock()
 	availableGauge.WithLabelValues(t.name).Set(1)
 	i.notify(t.name)
+	if leading {
+		// Renewals come every LeaseRenewPeriod: a cluster engaged in
+		// between is not left unwritable for that long.
+		go i.renewLease(ctx, t)
+	}
 	go func() {
 		<-ctx.Done()
 		i.mu.Lock()
@@ -207,6 +244,7 @@ func (i *Inventory) Engage(ctx context.Context, name multicluster.ClusterName, c
 			return // a later engagement under the same name owns the series
 		}
 		availableGauge.DeleteLabelValues(t.name)
+		leaseHeld.DeleteLabelValues(t.name)
 		i.notify(t.name)
 	}()
 	return nil
@@ -215,6 +253,7 @@ func (i *Inventory) Engage(ctx context.Context, name multicluster.ClusterName, c
 // Start probes every cluster until ctx ends.
 func (i *Inventory) Start(ctx context.Context) error {
 	i.startedAt()
+	go i.keepLeases(ctx)
 	t := time.NewTicker(i.opts.ProbeInterval)
 	defer t.Stop()
 	graceEnd := time.After(i.opts.EngageGrace)
@@ -268,15 +307,20 @@ func (i *Inventory) notify(name string) {
 	}
 }
 
-func (i *Inventory) probeAll(ctx context.Context) {
+// engaged is every engaged cluster's tracking.
+func (i *Inventory) engaged() []*tracked {
 	i.mu.Lock()
+	defer i.mu.Unlock()
 	ts := make([]*tracked, 0, len(i.clusters))
 	for _, t := range i.clusters {
 		ts = append(ts, t)
 	}
-	i.mu.Unlock()
+	return ts
+}
+
+func (i *Inventory) probeAll(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, t := range ts {
+	for _, t := range i.engaged() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -466,8 +510,10 @@ func lossSince(now time.Time, t *tracked) time.Time {
 func (i *Inventory) Clusters(ctx context.Context) []Cluster {
 	i.mu.Lock()
 	out := make([]Cluster, 0, len(i.clusters))
+	now := time.Now()
 	for _, t := range i.clusters {
-		out = append(out, Cluster{Name: t.name, UnavailableSince: t.since, Reason: t.reason, Client: t.cl.GetClient(), Reader: t.cl.GetAPIReader()})
+		out = append(out, Cluster{Name: t.name, UnavailableSince: t.since, Reason: t.reason, Client: i.guarded(t), Reader: t.cl.GetAPIReader(),
+			Fence: i.fenceLocked(t, now)})
 	}
 	i.mu.Unlock()
 	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })

@@ -1,5 +1,6 @@
 // Package members keeps one MemberCluster on the hub per engaged cluster:
-// its availability as the inventory judges it and the accelerators its
+// its availability as the inventory judges it, whether the hub holds its
+// hub lease there (and so writes there), and the accelerators its
 // ClusterCapacity reports, so that `kubectl get memberclusters` shows the
 // fleet's health without the hub's logs or metrics.
 package members
@@ -9,10 +10,12 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -42,6 +45,8 @@ type Reconciler struct {
 	// ClusterTimeout bounds the read of a cluster's capacity report
 	// (Options.ClusterTimeout).
 	ClusterTimeout time.Duration
+	// Recorder records the Events of the hub lease (leaseEvent).
+	Recorder record.EventRecorder
 }
 
 // Reconcile makes the MemberCluster of cluster req.Name match the
@@ -73,6 +78,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if equality.Semantic.DeepEqual(cur.Status, Status(cur.Status, c, capacity, now)) {
 		return reconcile.Result{}, nil
 	}
+	r.leaseEvent(cur, cur.Status, leaseCondition(c))
 	// Computed on the latest status and sent as a patch of what changed, so
 	// that the orphan collector's pending deletions, written beside, are
 	// never overwritten with an older copy.
@@ -83,27 +89,59 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 
 // Status is the status a cluster's MemberCluster should have, from the
 // status it has: the Available condition from the inventory (its
-// transition time the loss when the cluster is unavailable), and the
-// capacity report, or the last one seen when the report cannot be read.
+// transition time the loss when the cluster is unavailable), HubLeaseHeld
+// from the cluster's fence, and the capacity report, or the last one seen
+// when the report cannot be read.
 func Status(cur fleetv1alpha1.MemberClusterStatus, c inventory.Cluster, capacity *fleetv1alpha1.ClusterCapacityStatus, now time.Time) fleetv1alpha1.MemberClusterStatus {
 	st := *cur.DeepCopy()
-	cond := metav1.Condition{Type: fleetv1alpha1.MemberClusterAvailable, Status: metav1.ConditionTrue,
+	avail := metav1.Condition{Type: fleetv1alpha1.MemberClusterAvailable, Status: metav1.ConditionTrue,
 		Reason: fleetv1alpha1.ReasonClusterAvailable, Message: "the hub reaches the cluster's API server and can place services there"}
+	since := now
 	if !c.Available() {
-		cond.Status, cond.Reason = metav1.ConditionFalse, fleetv1alpha1.ReasonClusterUnavailable
-		cond.Message = fmt.Sprintf("unavailable since %s: %s", c.UnavailableSince.UTC().Format(time.RFC3339), c.Reason)
+		avail.Status, avail.Reason = metav1.ConditionFalse, fleetv1alpha1.ReasonClusterUnavailable
+		avail.Message = fmt.Sprintf("unavailable since %s: %s", c.UnavailableSince.UTC().Format(time.RFC3339), c.Reason)
+		since = c.UnavailableSince
 	}
-	if prev := meta.FindStatusCondition(st.Conditions, cond.Type); prev == nil || prev.Status != cond.Status {
-		cond.LastTransitionTime = metav1.NewTime(now.Truncate(time.Second))
-		if !c.Available() {
-			cond.LastTransitionTime = metav1.NewTime(c.UnavailableSince.Truncate(time.Second))
-		}
-	}
-	meta.SetStatusCondition(&st.Conditions, cond)
+	setCondition(&st, avail, since)
+	setCondition(&st, leaseCondition(c), now)
 	if capacity != nil {
 		st.Accelerators, st.Nodes, st.Summary = capacity.Accelerators, capacity.Nodes, capacity.Summary
 	}
 	return st
+}
+
+// leaseCondition says whether the hub holds its hub lease in the cluster,
+// and so writes there.
+func leaseCondition(c inventory.Cluster) metav1.Condition {
+	if c.Fence.Fenced() {
+		return metav1.Condition{Type: fleetv1alpha1.MemberClusterHubLeaseHeld, Status: metav1.ConditionFalse,
+			Reason: c.Fence.Reason, Message: c.Fence.Message}
+	}
+	return metav1.Condition{Type: fleetv1alpha1.MemberClusterHubLeaseHeld, Status: metav1.ConditionTrue,
+		Reason: fleetv1alpha1.ReasonHubLeaseHeld, Message: "this hub holds its hub lease in the cluster and writes there"}
+}
+
+// setCondition sets cond in st, its transition time since (to the second)
+// when its status changes.
+func setCondition(st *fleetv1alpha1.MemberClusterStatus, cond metav1.Condition, since time.Time) {
+	if prev := meta.FindStatusCondition(st.Conditions, cond.Type); prev == nil || prev.Status != cond.Status {
+		cond.LastTransitionTime = metav1.NewTime(since.Truncate(time.Second))
+	}
+	meta.SetStatusCondition(&st.Conditions, cond)
+}
+
+// leaseEvent records the hub standing by for a cluster another hub with its
+// ID writes to (a Warning), and taking the cluster back: the changes of the
+// HubLeaseHeld condition an operator must act on or know of. A lease not
+// acquired yet, as at every start, is no Event; its condition says it.
+func (r *Reconciler) leaseEvent(mc *fleetv1alpha1.MemberCluster, was fleetv1alpha1.MemberClusterStatus, is metav1.Condition) {
+	prev := meta.FindStatusCondition(was.Conditions, is.Type)
+	switch {
+	case is.Reason == fleetv1alpha1.ReasonHeldByAnotherHub && (prev == nil || prev.Reason != is.Reason):
+		r.Recorder.Event(mc, corev1.EventTypeWarning, is.Reason, is.Message)
+	case is.Status == metav1.ConditionTrue && prev != nil && prev.Reason == fleetv1alpha1.ReasonHeldByAnotherHub:
+		r.Recorder.Event(mc, corev1.EventTypeNormal, is.Reason, "this hub holds its hub lease in the cluster again and writes there")
+	}
 }
 
 // Options configure the reconciler.
@@ -124,7 +162,7 @@ func (o Options) withDefaults() Options {
 // Setup registers the reconciler.
 func Setup(ctx context.Context, deps component.Deps, opts Options) error {
 	opts = opts.withDefaults()
-	r := &Reconciler{Hub: deps.Hub(), Clusters: deps.Inventory, ClusterTimeout: opts.ClusterTimeout}
+	r := &Reconciler{Hub: deps.Hub(), Clusters: deps.Inventory, ClusterTimeout: opts.ClusterTimeout, Recorder: deps.Recorder()}
 	return r.setupWithManager(ctx, deps.Manager, deps.Inventory)
 }
 

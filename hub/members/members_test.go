@@ -6,8 +6,10 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/hub/internal/fence"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
 
@@ -51,5 +53,46 @@ func TestStatusFollowsAvailabilityAndKeepsTheLastCapacity(t *testing.T) {
 				t.Fatalf("reason %q", c.Reason)
 			}
 		})
+	}
+}
+
+// A cluster whose hub lease another hub installation holds is HubLeaseHeld
+// False, saying who holds it, with a Warning Event once; taking it back is
+// a Normal Event; a lease not acquired yet, as at every start, is no Event.
+func TestHubLeaseHeldConditionAndEvents(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	held := fence.Fence{Reason: fleetv1alpha1.ReasonHeldByAnotherHub, Message: `held by hub installation "uid-b/fleetinfer-system"`}
+	notYet := fence.Fence{Reason: fleetv1alpha1.ReasonHubLeaseNotAcquired, Message: "not acquired yet"}
+	steps := []struct {
+		fence      fence.Fence
+		wantStatus metav1.ConditionStatus
+		wantEvent  string
+	}{
+		{fence: notYet, wantStatus: "False"},
+		{wantStatus: "True"},
+		{fence: held, wantStatus: "False", wantEvent: "Warning HeldByAnotherHub " + held.Message},
+		{fence: held, wantStatus: "False"},
+		{wantStatus: "True", wantEvent: "Normal HubLeaseHeld this hub holds its hub lease in the cluster again and writes there"},
+	}
+	events := record.NewFakeRecorder(10)
+	r := &Reconciler{Recorder: events}
+	mc := &fleetv1alpha1.MemberCluster{ObjectMeta: metav1.ObjectMeta{Name: "east"}}
+	for i, s := range steps {
+		c := inventory.Cluster{Name: "east", Fence: s.fence}
+		st := Status(mc.Status, c, nil, now)
+		cond := meta.FindStatusCondition(st.Conditions, fleetv1alpha1.MemberClusterHubLeaseHeld)
+		if cond == nil || cond.Status != s.wantStatus || (s.fence.Fenced() && (cond.Reason != s.fence.Reason || cond.Message != s.fence.Message)) {
+			t.Fatalf("step %d: HubLeaseHeld = %+v, want %s for %+v", i, cond, s.wantStatus, s.fence)
+		}
+		r.leaseEvent(mc, mc.Status, *cond)
+		var got string
+		select {
+		case got = <-events.Events:
+		default:
+		}
+		if got != s.wantEvent {
+			t.Errorf("step %d: Event %q, want %q", i, got, s.wantEvent)
+		}
+		mc.Status = st
 	}
 }

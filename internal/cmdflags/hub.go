@@ -7,6 +7,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/hub"
 	"github.com/fleetinfer/fleetinfer/hub/distribute"
 	"github.com/fleetinfer/fleetinfer/hub/federation/ca"
+	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/internal/managerflags"
 )
 
@@ -31,6 +32,9 @@ func (h *Hub) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&opts.OrphanGrace, "orphan-grace-period", distribute.DefaultOrphanGrace, "How long a copy must stay orphaned (its hub service gone) before the orphan collector deletes it; a copy carrying fleet.fleetinfer.io/deletion-protected=Always is never deleted by it. Long enough for a hub restored from an older backup to get its services back.")
 	fs.BoolVar(&opts.RequireClusterSetBinding, "require-cluster-set-binding", true, "Place a namespace's services only on the clusters of the cluster sets its ClusterSetBindings bind (fleet.fleetinfer.io/clusterset on a cluster's registration; \"global\" binds every cluster). false lets every namespace use every cluster.")
 	fs.StringVar(&opts.HubID, "hub-id", "", "This hub's identity on the spokes (label fleet.fleetinfer.io/hub-id): it changes and deletes only objects carrying it. Empty derives it from the hub cluster (its kube-system namespace's UID). Give a restored hub the ID of the hub it replaces.")
+	fs.DurationVar(&opts.SpokeLeaseDuration, "spoke-lease-duration", inventory.DefaultLeaseDuration, "How long this hub's Lease in a spoke (fleetinfer-hub/fleetinfer-hub-<hub ID>; it writes to a spoke only while it holds it) lasts unrenewed: a hub with the same --hub-id that finds it held by another hub installation stands by, and takes it over once it has not been renewed for this long.")
+	fs.DurationVar(&opts.SpokeLeaseRenewPeriod, "spoke-lease-renew-period", inventory.DefaultLeaseRenewPeriod, "How often this hub renews its Lease in each spoke; shorter than --spoke-lease-duration.")
+	fs.BoolVar(&opts.TakeOverSpokeLeases, "take-over-spoke-leases", false, "Take the spokes' Leases of this hub ID from another hub installation that holds them, without waiting for them to expire: for a restored hub whose old hub still runs and must be retired (the old one then stands by). Never on two running hubs: they would take the leases from each other.")
 	fs.StringVar(&opts.FederationCASecret, "federation-ca-secret", "fleetinfer-federation-ca", "Secret in --cluster-namespace holding the CA (tls.crt, tls.key) that signs endpoint pickers' federation certificates; created when missing.")
 	fs.DurationVar(&opts.FederationCAOverlap, "federation-ca-rotation-overlap", ca.DefaultOverlap, "When the CA in --federation-ca-secret is replaced: how long pickers trust both CAs before their certificates are re-signed by the new one, and again before the old CA is dropped. Longer than a Secret takes to reach a picker's files.")
 	fs.StringVar(&opts.TrustDomain, "federation-trust-domain", "fleetinfer.io", "SPIFFE trust domain of endpoint-picker identities (spiffe://<domain>/cluster/<c>/ns/<ns>/llminferenceservice/<name>).")

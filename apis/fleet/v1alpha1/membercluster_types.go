@@ -16,6 +16,20 @@ const (
 	ReasonClusterUnavailable = "ClusterUnavailable"
 )
 
+// MemberClusterHubLeaseHeld is the condition type of a MemberCluster whose
+// hub Lease (one per hub ID in every spoke) this hub holds: only then does
+// it write there. False while another hub installation with the same hub
+// ID holds it (this hub stands by for the cluster), or before the hub
+// could acquire it.
+const MemberClusterHubLeaseHeld = "HubLeaseHeld"
+
+// Reasons of the HubLeaseHeld condition.
+const (
+	ReasonHubLeaseHeld        = "HubLeaseHeld"
+	ReasonHeldByAnotherHub    = "HeldByAnotherHub"
+	ReasonHubLeaseNotAcquired = "HubLeaseNotAcquired"
+)
+
 // MemberCluster is the hub's view of one member cluster, named after it:
 // whether the hub can place services there and the accelerators it
 // reports. The hub creates one for every cluster it engages, keeps its

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fleetinfer/fleetinfer/hub/internal/fence"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 )
@@ -43,6 +44,9 @@ type Spoke struct {
 	// clients; the inventory lists such a cluster unavailable too, so a
 	// test sets UnavailableSince and Reason with it.
 	Engaging bool
+	// Fence makes it fenced: another hub with this hub's ID holds its hub
+	// lease, and its client refuses writes, as the inventory's does.
+	Fence fence.Fence
 }
 
 // NewSpoke is an available cluster holding objs, labelled with its name as
@@ -60,9 +64,12 @@ func (s *Spoke) Unavailable(reason string) *Spoke {
 // cluster is the inventory's snapshot of s.
 func (s *Spoke) cluster() inventory.Cluster {
 	c := inventory.Cluster{Name: s.Name, Labels: s.Labels, Properties: s.Properties,
-		UnavailableSince: s.UnavailableSince, Reason: s.Reason, Engaging: s.Engaging}
+		UnavailableSince: s.UnavailableSince, Reason: s.Reason, Engaging: s.Engaging, Fence: s.Fence}
 	if !s.Engaging {
 		c.Client, c.Reader = s.Client, s.Reader
+	}
+	if s.Fence.Fenced() && !s.Engaging {
+		c.Client = fence.Guard(s.Client, s.Name, func() fence.Fence { return s.Fence })
 	}
 	return c
 }
