@@ -116,6 +116,10 @@ func TestTheHubWritesOnlyInItsOwnOrOptedInNamespaces(t *testing.T) {
 			}
 		})
 	}
+	created := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "created-", Labels: fleetv1alpha1.HubNamespaceLabels("hub-a")}}
+	if err := c.Create(t.Context(), created, client.DryRunAll); err != nil {
+		t.Errorf("the hub could not create a namespace of its own: %v", err)
+	}
 }
 
 // The admission policy and LLMInferenceServiceSpec.UnsafePods, which the
