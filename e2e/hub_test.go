@@ -245,7 +245,9 @@ func TestHubReportsButNeverOverwritesAForeignObject(t *testing.T) {
 	ns := namespace(t, fl.Hub)
 	ctx := context.Background()
 	east := fl.Spoke("east")
-	if err := east.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+	// East's own namespace, opted in: the conflict is the object's.
+	if err := east.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{fleetv1alpha1.AcceptsHubLabel: hubID(t)}}}); err != nil {
 		t.Fatal(err)
 	}
 	foreign := gpuService(ns, "contested", 3, 1)

@@ -36,6 +36,9 @@ type observed struct {
 	message     string
 	obj         *v1alpha2.LLMInferenceService
 	err         error // the cluster could not be read
+	// notOurs: the service's namespace exists in the cluster but is
+	// neither this hub's nor opted in to it; nothing is written there.
+	notOurs *spokewrite.NamespaceNotOursError
 }
 
 // observe reads the service's copy in every available cluster, all at once,
@@ -60,8 +63,17 @@ func (r *Reconciler) observe(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 }
 
 func (r *Reconciler) observeIn(ctx context.Context, c inventory.Cluster, svc *v1alpha2.LLMInferenceService, o *observed) {
+	ns := &corev1.Namespace{}
+	err := r.inCluster(ctx, func(ctx context.Context) error { return c.Client.Get(ctx, client.ObjectKey{Name: svc.Namespace}, ns) })
+	switch {
+	case err == nil:
+		o.notOurs = spokewrite.NamespaceNotOurs(ns, r.opts.HubID)
+	case !apierrors.IsNotFound(err):
+		o.err = err
+		return
+	}
 	cp := &v1alpha2.LLMInferenceService{}
-	err := r.inCluster(ctx, func(ctx context.Context) error { return c.Client.Get(ctx, client.ObjectKeyFromObject(svc), cp) })
+	err = r.inCluster(ctx, func(ctx context.Context) error { return c.Client.Get(ctx, client.ObjectKeyFromObject(svc), cp) })
 	if apierrors.IsNotFound(err) {
 		return
 	}
@@ -132,6 +144,10 @@ func (r *Reconciler) distribute(ctx context.Context, svc *v1alpha2.LLMInferenceS
 			// unavailable cluster. A fenced one is not lost, only another
 			// hub's to write to: this hub writes nothing there and moves
 			// nothing away from it (decide sees it available).
+		case o.notOurs != nil:
+			// Not the hub's namespace: reported, nothing written or
+			// deleted there, and the copies elsewhere stay, as for a
+			// cluster whose writes fail.
 		case chosen && o.exists && !o.ours:
 			// Someone else's object: reported, never overwritten.
 		case chosen:
@@ -208,7 +224,7 @@ func desiredCopy(svc *v1alpha2.LLMInferenceService, hubID, cluster string, repli
 // needs, writing only what differs. It says whether it asked the cluster to
 // run a spec: created the copy or changed its spec.
 func (r *Reconciler) ensureCopy(ctx context.Context, c inventory.Cluster, want *v1alpha2.LLMInferenceService, o *observed) (bool, error) {
-	if err := r.ensureNamespace(ctx, c, want.Namespace); err != nil {
+	if err := spokewrite.EnsureNamespace(ctx, c.Client, want.Namespace, r.opts.HubID); err != nil {
 		return false, err
 	}
 	if err := r.ensureConfigs(ctx, c, want); err != nil {
@@ -234,15 +250,6 @@ func (r *Reconciler) ensureCopy(ctx context.Context, c inventory.Cluster, want *
 	}
 	copyWrites.WithLabelValues(c.Name, "update").Inc()
 	return !sameSpec, nil
-}
-
-// ensureNamespace creates the service's namespace in the spoke when missing.
-func (r *Reconciler) ensureNamespace(ctx context.Context, c inventory.Cluster, name string) error {
-	err := c.Client.Get(ctx, client.ObjectKey{Name: name}, &corev1.Namespace{})
-	if !apierrors.IsNotFound(err) {
-		return err
-	}
-	return client.IgnoreAlreadyExists(c.Client.Create(ctx, spokewrite.Namespace(name, r.opts.HubID)))
 }
 
 // ensureConfigs copies the LLMInferenceServiceConfigs the service names in

@@ -14,6 +14,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
+	"github.com/fleetinfer/fleetinfer/hub/internal/spokewrite"
 	"github.com/fleetinfer/fleetinfer/hub/inventory"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
@@ -181,7 +182,7 @@ func TestAnUpgradedHubKeepsTheDecisionInForce(t *testing.T) {
 	hash := placement.Fingerprint(pl, svc, []string{"a", "b"})
 	svc.Status.Annotations = map[string]string{"fleet.fleetinfer.io/placement-inputs": hash, "fleet.fleetinfer.io/failed-over": "c"}
 	f := newFleet(t, []client.Object{svc, pl}, map[string][]client.Object{
-		"a": {hubtest.Namespace(ns, nil), hubCopy("llama", 2)}, "b": {hubtest.Namespace(ns, nil), hubCopy("llama", 2)}})
+		"a": {spokewrite.Namespace(ns, hubtest.HubID), hubCopy("llama", 2)}, "b": {spokewrite.Namespace(ns, hubtest.HubID), hubCopy("llama", 2)}})
 
 	f.reconcile("llama")
 	if w := f.Writes(); len(w) != 1 || len(w[hubtest.HubName]) != 1 {

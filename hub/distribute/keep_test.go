@@ -18,6 +18,7 @@ import (
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest/fakeapi"
+	"github.com/fleetinfer/fleetinfer/hub/internal/spokewrite"
 	"github.com/fleetinfer/fleetinfer/hub/internal/watch"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
@@ -38,7 +39,7 @@ func runningFleet(t *testing.T, gpus *fleetv1alpha1.InferencePlacement, hubObjs 
 		return cp
 	}
 	return newFleet(t, append(hubObjs, svc), map[string][]client.Object{
-		"a": {hubtest.Namespace(ns, nil), copyIn("a")}, "b": {hubtest.Namespace(ns, nil), copyIn("b")}})
+		"a": {spokewrite.Namespace(ns, hubtest.HubID), copyIn("a")}, "b": {spokewrite.Namespace(ns, hubtest.HubID), copyIn("b")}})
 }
 
 // A decision that fails, or that chooses no cluster, while the service runs

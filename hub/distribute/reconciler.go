@@ -383,10 +383,11 @@ func (r *Reconciler) events(svc *v1alpha2.LLMInferenceService, before *v1alpha2.
 
 // eventReason is the reason of the Event that marks condition c's
 // transition. A rollout's is its own reason (RolloutProgressing,
-// RolloutStalled, RolledOut).
+// RolloutStalled, RolledOut), and so is a namespace the hub may not write
+// into: only a spoke's admin can resolve it, and alerts select on it.
 func eventReason(c *v1alpha2.Condition) string {
 	switch {
-	case c.Type == RolledOut:
+	case c.Type == RolledOut || c.Reason == ReasonNamespaceNotOurs:
 		return c.Reason
 	case c.Status == corev1.ConditionTrue:
 		return string(c.Type)

@@ -16,7 +16,10 @@ import (
 
 // Reasons of the Distributed and Ready conditions.
 const (
-	ReasonConflict         = "ConflictingObject"
+	ReasonConflict = "ConflictingObject"
+	// ReasonNamespaceNotOurs: the service's namespace exists in a chosen
+	// cluster and is not the hub's to write into (spokewrite.EnsureNamespace).
+	ReasonNamespaceNotOurs = "NamespaceNotOurs"
 	ReasonUnreachable      = "ClusterUnreachable"
 	ReasonInProgress       = "InProgress"
 	ReasonClustersNotReady = "ClustersNotReady"
@@ -54,6 +57,10 @@ func report(svc *v1alpha2.LLMInferenceService, out outcome, clusters []inventory
 type clusterTally struct {
 	entries                                   []v1alpha2.ClusterStatus
 	conflicts, unreachable, pending, notReady []string
+	// notOurs are the chosen clusters whose namespace the hub may not
+	// write into, and optIn the label that lets it in.
+	notOurs []string
+	optIn   string
 	// placed and ready count the chosen clusters, and those Running.
 	placed, ready int32
 }
@@ -113,6 +120,10 @@ func (t *clusterTally) entry(svc *v1alpha2.LLMInferenceService, n string, o *obs
 		if chosen {
 			t.unreachable = append(t.unreachable, n)
 		}
+	case chosen && o.notOurs != nil:
+		e.Phase, e.Ready, e.URL = PhaseConflict, false, ""
+		e.Message = fmt.Sprintf("%v; nothing is written there", o.notOurs)
+		t.notOurs, t.optIn = append(t.notOurs, n), o.notOurs.OptIn()
 	case chosen && o.exists && !o.ours:
 		e.Phase, e.Ready, e.URL = PhaseConflict, false, ""
 		e.Message = fmt.Sprintf("LLMInferenceService %s/%s already exists in this cluster and was not created by the hub; it is left alone", svc.Namespace, svc.Name)
@@ -151,6 +162,10 @@ func reportDistributed(svc *v1alpha2.LLMInferenceService, d decision, t clusterT
 	switch {
 	case len(d.want) == 0 && len(t.entries) == 0:
 		st.ClearCondition(Distributed)
+	case len(t.notOurs) > 0:
+		st.MarkFalse(Distributed, ReasonNamespaceNotOurs, "namespace %s exists in cluster(s) %s and was not created by this hub, which writes nothing there; "+
+			"label it %s in those clusters to let the hub in, or use another namespace on the hub",
+			svc.Namespace, strings.Join(t.notOurs, ", "), t.optIn)
 	case len(t.conflicts) > 0:
 		st.MarkFalse(Distributed, ReasonConflict, "LLMInferenceService %s/%s exists in cluster(s) %s and was not created by the hub; rename it there or delete it",
 			svc.Namespace, svc.Name, strings.Join(t.conflicts, ", "))

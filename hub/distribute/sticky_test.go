@@ -10,6 +10,7 @@ import (
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
+	"github.com/fleetinfer/fleetinfer/hub/internal/spokewrite"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
 
@@ -53,7 +54,7 @@ func TestOnlyPlacementInputsPlaceAServiceAgain(t *testing.T) {
 			running := func(cluster string) []client.Object {
 				cp := hubCopy("llama", 2)
 				cp.Spec.Template = svc.Spec.Template.DeepCopy()
-				return []client.Object{hubtest.Namespace(ns, nil), cp}
+				return []client.Object{spokewrite.Namespace(ns, hubtest.HubID), cp}
 			}
 			f := newFleet(t, []client.Object{svc, pl}, map[string][]client.Object{
 				"a": append(running("a"), hubtest.Capacity(hubtest.GPUNode("nvidia.com/gpu", "H100", 2, 0))),

@@ -10,6 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/hub/internal/hubtest"
+	"github.com/fleetinfer/fleetinfer/hub/internal/spokewrite"
 	"github.com/fleetinfer/fleetinfer/hub/placement"
 )
 
@@ -94,5 +96,59 @@ func TestRemovingTheLastBindingKeepsWhatRuns(t *testing.T) {
 	f.reconcile("llama")
 	if status, reason, msg := placedOf(t, f); status != corev1.ConditionTrue {
 		t.Errorf("Placed %s/%s %q once the binding is back; want True", status, reason, msg)
+	}
+}
+
+// A hub namespace whose name a spoke already uses for its own is a
+// Conflict there: nothing is written into it, the service runs in the
+// other clusters, the hub service says which label lets the hub in, and
+// once the spoke's admin adds it the copy follows.
+func TestANamespaceThatIsTheSpokesOwnIsAConflict(t *testing.T) {
+	theirs := hubtest.Namespace(ns, map[string]string{"team": "monitoring"})
+	f := newFleet(t, []client.Object{service("llama", 1), placementOf(fleetv1alpha1.Duplicated, "a", "b")},
+		map[string][]client.Object{"a": {theirs}, "b": nil})
+	f.reconcile("llama")
+	if f.copyIn("a", "llama") != nil || len(f.Writes()["a"]) > 0 {
+		t.Errorf("the hub wrote %v into a's own namespace", f.Writes()["a"])
+	}
+	if f.copyIn("b", "llama") == nil {
+		t.Error("b got no copy: one cluster's conflict held the others back")
+	}
+	optIn := fleetv1alpha1.AcceptsHubLabel + "=" + hubtest.HubID
+	d := f.hubService("llama").Status.GetCondition(Distributed)
+	if d == nil || d.Reason != ReasonNamespaceNotOurs || !strings.Contains(d.Message, "cluster(s) a ") ||
+		!strings.Contains(d.Message, "namespace llm") || !strings.Contains(d.Message, optIn) {
+		t.Errorf("Distributed %+v; want %s naming the cluster, the namespace and %s", d, ReasonNamespaceNotOurs, optIn)
+	}
+	if e := f.hubService("llama").Status.Clusters[0]; e.Name != "a" || e.Phase != PhaseConflict || !strings.Contains(e.Message, optIn) {
+		t.Errorf("a's entry %+v; want Conflict with the opt-in label", e)
+	}
+	if evs := strings.Join(f.Events.Drain(), "\n"); !strings.Contains(evs, "Warning "+ReasonNamespaceNotOurs) {
+		t.Errorf("Events %s; want a Warning %s", evs, ReasonNamespaceNotOurs)
+	}
+
+	theirs.Labels[fleetv1alpha1.AcceptsHubLabel] = hubtest.HubID
+	if err := f.Spoke("a").API.Update(context.Background(), theirs); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile("llama")
+	if f.copyIn("a", "llama") == nil {
+		t.Error("a got no copy once its namespace opted in")
+	}
+}
+
+// Moving a service onto a cluster whose namespace is not the hub's deletes
+// nothing where it runs: the move waits, as for a cluster that cannot be
+// written.
+func TestAConflictingNamespaceDeletesNothingElsewhere(t *testing.T) {
+	svc := placedOn(service("llama", 2), "decided-before", map[string]int32{"b": 2})
+	f := newFleet(t, []client.Object{svc, placementOf(fleetv1alpha1.Duplicated, "a")}, map[string][]client.Object{
+		"a": {hubtest.Namespace(ns, nil)}, "b": {spokewrite.Namespace(ns, hubtest.HubID), hubCopy("llama", 2)}})
+	for range 2 {
+		f.reconcile("llama")
+	}
+	f.kept("moved onto a conflicting namespace", "b", "llama", 2)
+	if f.copyIn("a", "llama") != nil {
+		t.Error("the hub wrote into a's own namespace")
 	}
 }

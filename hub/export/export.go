@@ -184,18 +184,19 @@ func markExported(ctx context.Context, c client.Client, p *igwapiv1.InferencePoo
 func (r *Reconciler) ensureImport(ctx context.Context, c client.Client, key client.ObjectKey, exporting []string, unread map[string]bool) error {
 	imp := &igwapixv1alpha1.InferencePoolImport{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
 		Labels: fleetv1alpha1.OwnedByHubLabels(r.HubID)}}
-	createNamespace := func() error {
-		return client.IgnoreAlreadyExists(c.Create(ctx, spokewrite.Namespace(key.Namespace, r.HubID)))
-	}
+	createNamespace := func() error { return spokewrite.EnsureNamespace(ctx, c, key.Namespace, r.HubID) }
 	// The import's content is its status, written below: the object itself
 	// is only created.
 	_, err := spokewrite.Ensure(ctx, c, r.HubID, imp, createNamespace, func(_, _ *igwapixv1alpha1.InferencePoolImport) bool { return false })
 	var notOurs *spokewrite.NotOursError
+	var nsNotOurs *spokewrite.NamespaceNotOursError
 	switch {
 	case meta.IsNoMatchError(err):
 		return nil // the member has no InferencePoolImport API
 	case errors.As(err, &notOurs):
 		return nil // someone else's import of that name
+	case errors.As(err, &nsNotOurs):
+		return nil // a namespace of the member's own: it imports nothing
 	case err != nil:
 		return err
 	}

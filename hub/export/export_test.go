@@ -246,20 +246,26 @@ func TestASpokesOwnImportIsNeverChangedOrDeleted(t *testing.T) {
 	}
 }
 
+// A member without the namespace gets it, as the hub's; a member whose
+// namespace opts in to this hub gets the import there; one whose namespace
+// is its own, not opted in, gets nothing.
 func TestTheNamespaceIsCreatedWhereItIsMissing(t *testing.T) {
-	theirs := map[string]string{"team": "llama"}
+	optedIn := map[string]string{"team": "llama", fleetv1alpha1.AcceptsHubLabel: hubtest.HubID}
 	for _, tc := range []struct {
-		name   string
-		spokes []*hubtest.Spoke
-		want   map[string]map[string]string // each cluster's namespace labels afterwards
+		name    string
+		spokes  []*hubtest.Spoke
+		want    map[string]map[string]string // each cluster's namespace labels afterwards
+		imports map[string]bool              // whether the cluster imports
 	}{{
-		name:   "a member without the namespace gets it, labelled as the hub's, with its Pod Security level",
-		spokes: []*hubtest.Spoke{member("a", exportedPool(), hubtest.Namespace(ns, theirs)), member("b")},
-		want:   map[string]map[string]string{"a": theirs, "b": fleetv1alpha1.HubNamespaceLabels(hubtest.HubID)},
+		name:    "a member without the namespace gets it, labelled as the hub's, with its Pod Security level",
+		spokes:  []*hubtest.Spoke{member("a", exportedPool(), hubtest.Namespace(ns, optedIn)), member("b")},
+		want:    map[string]map[string]string{"a": optedIn, "b": fleetv1alpha1.HubNamespaceLabels(hubtest.HubID)},
+		imports: map[string]bool{"a": true, "b": true},
 	}, {
-		name:   "a namespace that exists stays as it is, unlabelled",
-		spokes: []*hubtest.Spoke{member("a", exportedPool(), hubtest.Namespace(ns, theirs)), member("b", hubtest.Namespace(ns, nil))},
-		want:   map[string]map[string]string{"a": theirs, "b": nil},
+		name:    "a namespace of the member's own stays as it is, without an import",
+		spokes:  []*hubtest.Spoke{member("a", exportedPool(), hubtest.Namespace(ns, optedIn)), member("b", hubtest.Namespace(ns, nil))},
+		want:    map[string]map[string]string{"a": optedIn, "b": nil},
+		imports: map[string]bool{"a": true, "b": false},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFleet(t, tc.spokes...)
@@ -273,8 +279,8 @@ func TestTheNamespaceIsCreatedWhereItIsMissing(t *testing.T) {
 				if !maps.Equal(n.Labels, want) {
 					t.Errorf("%s: namespace labels %v, want %v", cl, n.Labels, want)
 				}
-				if got := f.exportingIn(cl); !slices.Equal(got, []string{"a"}) {
-					t.Errorf("%s imports from %v, want [a]", cl, got)
+				if got := f.exportingIn(cl); slices.Equal(got, []string{"a"}) != tc.imports[cl] {
+					t.Errorf("%s imports from %v, want an import: %v", cl, got, tc.imports[cl])
 				}
 			}
 		})

@@ -41,6 +41,14 @@ func Eventually(t testing.TB, timeout time.Duration, what string, check func(ctx
 // test ends; callers whose tests share a cluster delete it themselves.
 func NewNamespace(t testing.TB, c client.Client) string {
 	t.Helper()
+	return NewLabelledNamespace(t, c, nil)
+}
+
+// NewLabelledNamespace is NewNamespace with labels from its creation on:
+// admission policies read namespaces' labels from an informer, which a
+// later update reaches only after a while.
+func NewLabelledNamespace(t testing.TB, c client.Client, labels map[string]string) string {
+	t.Helper()
 	name := strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
 			return r
@@ -53,7 +61,7 @@ func NewNamespace(t testing.TB, c client.Client) string {
 	if name = strings.Trim(name, "-"); name == "" {
 		name = "test"
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: name + "-"}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: name + "-", Labels: labels}}
 	if err := c.Create(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}

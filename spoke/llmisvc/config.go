@@ -18,6 +18,7 @@ import (
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
+	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/apis/serving/v1alpha2"
 )
 
@@ -44,6 +45,9 @@ const (
 	ReasonInvalidRenderedConfig  = "InvalidRenderedConfig"
 	ReasonInvalidSchedulerConfig = "InvalidSchedulerConfig"
 	ReasonValidationUnavailable  = "ValidationUnavailable"
+	// ReasonUnsafePodSpec: a hub's copy asks for pods the hub's credential
+	// must not be able to run (refuseUnsafePods).
+	ReasonUnsafePodSpec = "UnsafePodSpec"
 )
 
 // configError is a composition failure with the reason it is reported under.
@@ -128,6 +132,9 @@ func (r *Reconciler) compose(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 		return nil, renderError(err)
 	}
 	r.applyDefaults(svc, rendered)
+	if err := refuseUnsafePods(svc, rendered); err != nil {
+		return nil, err
+	}
 	if err := r.resolveSchedulerConfig(ctx, svc.Namespace, rendered); err != nil {
 		return nil, err
 	}
@@ -135,6 +142,24 @@ func (r *Reconciler) compose(ctx context.Context, svc *v1alpha2.LLMInferenceServ
 		return nil, err
 	}
 	return &composed{spec: *rendered, applied: append(presetRefs, applied...)}, nil
+}
+
+// refuseUnsafePods refuses a copy the hub wrote whose composed pods would
+// run under a ServiceAccount other than the service's own, privileged, or
+// on the host (LLMInferenceServiceSpec.UnsafePods): a stolen hub
+// credential must not run pods as the spoke's controllers, even where the
+// admission policy that refuses such writes is missing or older. The
+// composed spec is checked, so configs the hub wrote are too. The spoke's
+// own services are its admin's, under its Pod Security levels.
+func refuseUnsafePods(svc *v1alpha2.LLMInferenceService, spec *v1alpha2.LLMInferenceServiceSpec) error {
+	if !fleetv1alpha1.IsManagedByHub(svc) {
+		return nil
+	}
+	if unsafe := spec.UnsafePods(eppSAName(svc)); len(unsafe) > 0 {
+		return &configError{reason: ReasonUnsafePodSpec, terminal: true,
+			err: fmt.Errorf("a copy from a fleetinfer hub may not run pods with %s", strings.Join(unsafe, "; "))}
+	}
+	return nil
 }
 
 // renderError is a rendering failure with its reason; none is retried

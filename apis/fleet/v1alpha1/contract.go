@@ -25,6 +25,15 @@ const (
 	// that hub's ID.
 	HubIDLabel = "fleet.fleetinfer.io/hub-id"
 
+	// AcceptsHubLabel, on an existing spoke namespace, lets the hub whose
+	// ID is its value write into it (HubMayWriteIn). Without it a hub
+	// writes only into namespaces it created: a hub tenant whose namespace
+	// happens to share a name with one of the spoke's own (monitoring,
+	// argocd, default) must never be given it, with its ServiceAccounts
+	// and Secrets. The spoke's admission policy (deploy/hub/spoke-access)
+	// reads the same labels.
+	AcceptsHubLabel = "fleet.fleetinfer.io/accepts-hub"
+
 	// OriginUIDAnnotation is the UID of the hub object a copy came from.
 	OriginUIDAnnotation = "fleet.fleetinfer.io/origin-uid"
 
@@ -206,6 +215,12 @@ func HubNamespaceLabels(hubID string) map[string]string {
 	l := OwnedByHubLabels(hubID)
 	l[PodSecurityEnforceLabel] = HubNamespacePodSecurity
 	return l
+}
+
+// HubMayWriteIn reports whether the hub with this ID may write into the
+// spoke namespace ns: it created ns, or ns opts in to it (AcceptsHubLabel).
+func HubMayWriteIn(ns metav1.Object, hubID string) bool {
+	return IsOwnedByHub(ns, hubID) || ns.GetLabels()[AcceptsHubLabel] == hubID
 }
 
 // HubGroup is the group of the hub's identity in a spoke, with the

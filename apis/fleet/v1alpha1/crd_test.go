@@ -1,7 +1,6 @@
 package v1alpha1_test
 
 import (
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -9,10 +8,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fleetinfer/fleetinfer/apis"
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
 	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/internal/testutil/testenv"
@@ -21,17 +18,7 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	crds, err := apis.CRDs()
-	scheme := runtime.NewScheme()
-	builder := runtime.NewSchemeBuilder(clientgoscheme.AddToScheme, fleetv1alpha1.AddToScheme)
-	if err == nil {
-		err = builder.AddToScheme(scheme)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Exit(testenv.Run(m, testenv.Options{CRDs: crds, Scheme: scheme}, &env))
+	os.Exit(testenv.RunWithFleetCRDs(m, &env, []func(*runtime.Scheme) error{fleetv1alpha1.AddToScheme}))
 }
 
 // A label selector the hub could not parse would leave a placement without

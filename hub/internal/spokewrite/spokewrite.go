@@ -84,3 +84,53 @@ func Update[T client.Object](ctx context.Context, c client.Client, hubID string,
 func Namespace(name, hubID string) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: fleetv1alpha1.HubNamespaceLabels(hubID)}}
 }
+
+// NamespaceNotOursError is a spoke namespace the hub may not write into:
+// it exists, this hub did not create it, and it does not opt in
+// (fleetv1alpha1.HubMayWriteIn). Nothing is written there, and nothing is
+// adopted: only the spoke's admin can let the hub in, with OptIn.
+type NamespaceNotOursError struct {
+	Namespace string
+	HubID     string
+}
+
+func (e *NamespaceNotOursError) Error() string {
+	return fmt.Sprintf("namespace %s exists and was not created by this hub; label it %s to let the hub write into it", e.Namespace, e.OptIn())
+}
+
+// OptIn is the label, key=value, that lets the hub into the namespace.
+func (e *NamespaceNotOursError) OptIn() string {
+	return fleetv1alpha1.AcceptsHubLabel + "=" + e.HubID
+}
+
+// NamespaceNotOurs is why the hub with this ID may not write into ns, or
+// nil when it may.
+func NamespaceNotOurs(ns *corev1.Namespace, hubID string) *NamespaceNotOursError {
+	if fleetv1alpha1.HubMayWriteIn(ns, hubID) {
+		return nil
+	}
+	return &NamespaceNotOursError{Namespace: ns.Name, HubID: hubID}
+}
+
+// EnsureNamespace creates the namespace name when it is missing, and
+// otherwise returns a *NamespaceNotOursError unless the hub may write into
+// it. A create that loses a race looks at the winner's namespace: the
+// name alone says nothing about whose it is.
+func EnsureNamespace(ctx context.Context, c client.Client, name, hubID string) error {
+	ns := &corev1.Namespace{}
+	err := c.Get(ctx, client.ObjectKey{Name: name}, ns)
+	if apierrors.IsNotFound(err) {
+		err = c.Create(ctx, Namespace(name, hubID))
+		if !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		err = c.Get(ctx, client.ObjectKey{Name: name}, ns)
+	}
+	if err != nil {
+		return err
+	}
+	if notOurs := NamespaceNotOurs(ns, hubID); notOurs != nil {
+		return notOurs
+	}
+	return nil
+}

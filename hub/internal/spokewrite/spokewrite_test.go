@@ -62,3 +62,37 @@ func TestEnsureCreatesUpdatesWhatDiffersAndRefusesWhatIsNotOurs(t *testing.T) {
 		t.Errorf("the object after the refused write holds %v (%v), want 2", got.Data, err)
 	}
 }
+
+// The hub creates a missing namespace, writes into one it created or one
+// that opts in to its ID, and into no other: not one created by someone
+// else, nor by another hub, nor one that opts in to another hub.
+func TestEnsureNamespaceWritesOnlyIntoOurOrOptedInNamespaces(t *testing.T) {
+	ctx := context.Background()
+	ns := func(name string, labels map[string]string) client.Object {
+		return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	}
+	c := fake.NewClientBuilder().WithObjects(
+		ns("ours", fleetv1alpha1.HubNamespaceLabels("hub-a")),
+		ns("opted-in", map[string]string{fleetv1alpha1.AcceptsHubLabel: "hub-a"}),
+		ns("monitoring", nil),
+		ns("other-hubs", fleetv1alpha1.HubNamespaceLabels("hub-b")),
+		ns("opted-in-to-b", map[string]string{fleetv1alpha1.AcceptsHubLabel: "hub-b"}),
+	).Build()
+	for name, mayWrite := range map[string]bool{"missing": true, "ours": true, "opted-in": true,
+		"monitoring": false, "other-hubs": false, "opted-in-to-b": false} {
+		err := EnsureNamespace(ctx, c, name, "hub-a")
+		var notOurs *NamespaceNotOursError
+		switch {
+		case mayWrite && err != nil:
+			t.Errorf("%s: %v; want the hub to write there", name, err)
+		case !mayWrite && !errors.As(err, &notOurs):
+			t.Errorf("%s: %v; want a NamespaceNotOursError", name, err)
+		case !mayWrite && notOurs.OptIn() != fleetv1alpha1.AcceptsHubLabel+"=hub-a":
+			t.Errorf("%s: opt-in %q; want the accepts-hub label with the hub's ID", name, notOurs.OptIn())
+		}
+	}
+	created := &corev1.Namespace{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "missing"}, created); err != nil || !fleetv1alpha1.IsOwnedByHub(created, "hub-a") {
+		t.Errorf("created namespace %v (%v); want it labelled as hub-a's", created.Labels, err)
+	}
+}

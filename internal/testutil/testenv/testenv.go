@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fleetinfer/fleetinfer/apis"
 	"github.com/fleetinfer/fleetinfer/deploy/crds"
 	"github.com/fleetinfer/fleetinfer/localfleet/binaries"
 	"github.com/fleetinfer/fleetinfer/localfleet/controlplane"
@@ -78,6 +79,22 @@ func Run(m *testing.M, opts Options, env **Env, setup ...func(context.Context, *
 		return 1
 	}
 	return code
+}
+
+// RunWithFleetCRDs is Run with fleetinfer's CRDs installed and a scheme
+// of client-go's types and those added by addToScheme.
+func RunWithFleetCRDs(m *testing.M, env **Env, addToScheme []func(*runtime.Scheme) error, setup ...func(context.Context, *Env) error) int {
+	crds, err := apis.CRDs()
+	scheme := runtime.NewScheme()
+	builder := runtime.NewSchemeBuilder(append([]func(*runtime.Scheme) error{clientgoscheme.AddToScheme}, addToScheme...)...)
+	if err == nil {
+		err = builder.AddToScheme(scheme)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testenv:", err)
+		return 1
+	}
+	return Run(m, Options{CRDs: crds, Scheme: scheme}, env, setup...)
 }
 
 func start(opts Options, reg *process.Registry) (*Env, error) {
