@@ -19,6 +19,7 @@ import (
 	"time"
 
 	fleetv1alpha1 "github.com/fleetinfer/fleetinfer/apis/fleet/v1alpha1"
+	"github.com/fleetinfer/fleetinfer/internal/testutil"
 	"github.com/fleetinfer/fleetinfer/localfleet/fedpool"
 	"github.com/fleetinfer/fleetinfer/localfleet/fleet"
 	"github.com/fleetinfer/fleetinfer/localfleet/loadgen"
@@ -299,6 +300,17 @@ func TestParentModeServesAcrossIsolatedClusters(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = fl.Fabric().SetLink("east", m.Cluster.Name(), before) })
+		}
+		// The last subtest saturated every cluster; its queues take a
+		// picker refresh to leave the pickers' views, and on a loaded
+		// machine a request entering west could still be sent on.
+		for _, m := range []*fedpool.Member{west, central} {
+			testutil.Eventually(t, 15*time.Second, m.Cluster.Name()+"'s picker sees its cluster idle", func(context.Context) error {
+				if r := p.send(m, "idle probe", 2); !r.OK() || p.servedIn(r) != m.Cluster.Name() {
+					return fmt.Errorf("served by %q (%s)", r.Pod, r.Err)
+				}
+				return nil
+			})
 		}
 		// East's model server is kept busy from outside the clusters, so
 		// that east's picker sends requests on while the others stay idle.
